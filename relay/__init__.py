@@ -1,0 +1,1 @@
+"""kvcs-relay: a caching MOQT (draft-22) relay for LLM KV caches."""

@@ -1,0 +1,1 @@
+"""Storage tiers for the relay: memory (cachetools) and LMDB (completed tracks)."""

@@ -1,0 +1,267 @@
+"""Memory in front of LMDB, the way the relay uses them.
+
+* Every Object is appended to memory. When a track is complete (End of Track, no gap) and not
+  aborted, the relay calls `commit(track)`, which writes it to LMDB in one transaction
+  (synchronously: the relay decides when, e.g. off its hot path). Memory keeps its copy until
+  LRU evicts it; LMDB then serves it.
+* Reads look in memory first and fall back to LMDB per Group: a memory Group is used when it is
+  whole, or when LMDB does not hold the track. Every walk item says which tier served it, so the
+  relay can count hits per tier; `Span`s are served by no tier (Tier.NONE).
+* LMDB reads are zero-copy: items from `TieredReader` are valid until the reader closes.
+* A full LMDB (`StorageFullError` from `commit`) leaves memory untouched: keep serving from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from storage.interface import (
+    OBJECT_MAX,
+    ORIGIN,
+    AppendResult,
+    GroupOrder,
+    IdRanges,
+    IncompleteTrackError,
+    Location,
+    Span,
+    SpanKind,
+    StoredObject,
+    Tier,
+    TrackInfo,
+    TrackKey,
+    WalkItem,
+    normalize_ranges,
+)
+from storage.lmdb_store import LmdbReadSession, LmdbStore
+from storage.memory import Lease, MemoryGroup, MemoryStore
+from storage.walk import GroupSource, read_objects, walk_range
+
+
+class TieredStore:
+    """Memory tier plus an optional LMDB tier for completed tracks."""
+
+    def __init__(self, memory: MemoryStore, durable: LmdbStore | None = None) -> None:
+        self.memory = memory
+        self.durable = durable
+
+    # -- writing (memory) ------------------------------------------------------------------
+
+    def append(self, track: TrackKey, obj: StoredObject) -> AppendResult:
+        return self.memory.append(track, obj)
+
+    def end_group(self, track: TrackKey, group: int, object_id: int, *, subgroup: int = 0,
+                  priority: int = 0) -> AppendResult:
+        return self.memory.end_group(track, group, object_id, subgroup=subgroup,
+                                     priority=priority)
+
+    def end_track(self, track: TrackKey, group: int, object_id: int = 0, *, subgroup: int = 0,
+                  priority: int = 0) -> AppendResult:
+        return self.memory.end_track(track, group, object_id, subgroup=subgroup,
+                                     priority=priority)
+
+    def abort(self, track: TrackKey) -> None:
+        """The publisher failed: the track is never committed (memory keeps serving it)."""
+        self.memory.abort(track)
+
+    def pin(self, track: TrackKey, first_group: int = 0,
+            last_group: int = OBJECT_MAX) -> Lease:
+        """Keep the track's Groups in memory while a fill walks them (see `MemoryStore.pin`)."""
+        return self.memory.pin(track, first_group, last_group)
+
+    def commit(self, track: TrackKey) -> int:
+        """Write a complete track to LMDB; returns bytes written (0: no LMDB, or already held).
+
+        Raises `IncompleteTrackError` if memory does not hold the whole track or it was
+        aborted, `StorageFullError` if LMDB is full (nothing written).
+        """
+        if self.durable is None:
+            return 0
+        groups = self.memory.complete_track(track)
+        if groups is None:
+            why = "aborted" if self.memory.is_aborted(track) else "not complete in memory"
+            raise IncompleteTrackError(f"track {track!r} is {why}")
+        return self.durable.commit_track(track, groups)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def reader(self) -> TieredReader:
+        """A read context; LMDB views it hands out die with it."""
+        return TieredReader(self)
+
+    def largest_object(self, track: TrackKey) -> Location | None:
+        with self.reader() as r:
+            return r.largest_object(track)
+
+    def known_final(self, track: TrackKey) -> Location | None:
+        with self.reader() as r:
+            return r.known_final(track)
+
+    def is_complete(self, track: TrackKey) -> bool:
+        with self.reader() as r:
+            return r.is_complete(track)
+
+    def group_end(self, track: TrackKey, group: int) -> int | None:
+        with self.reader() as r:
+            return r.group_end(track, group)
+
+    def present_ranges(self, track: TrackKey) -> list[tuple[Location, Location]]:
+        with self.reader() as r:
+            return r.present_ranges(track)
+
+    def gaps(self, track: TrackKey, start: Location = ORIGIN,
+             end: Location | None = None) -> list[Span]:
+        with self.reader() as r:
+            return r.gaps(track, start, end)
+
+    def read_copy(self, track: TrackKey, start: Location, end: Location | None = None,
+                  order: GroupOrder = GroupOrder.ASCENDING,
+                  object_ids: IdRanges | None = None) -> list[tuple[Tier, StoredObject]]:
+        """`TieredReader.read` with LMDB buffers copied out (safe to keep)."""
+        with self.reader() as r:
+            return [(t, o.copy()) for t, o in r.read(track, start, end, order, object_ids)]
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"memory": self.memory.stats()}
+        if self.durable is not None:
+            out["lmdb"] = self.durable.stats()
+        return out
+
+    def close(self) -> None:
+        if self.durable is not None:
+            self.durable.close()
+
+
+class TieredReader:
+    """Reads across both tiers; opens an LMDB read session only when memory falls short."""
+
+    def __init__(self, store: TieredStore) -> None:
+        self._store = store
+        self._mem = store.memory
+        self._session: LmdbReadSession | None = None
+
+    def __enter__(self) -> TieredReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def _lmdb(self) -> LmdbReadSession | None:
+        if self._session is None and self._store.durable is not None:
+            self._session = self._store.durable.session()
+        return self._session
+
+    def _durable_info(self, track: TrackKey) -> TrackInfo | None:
+        """LMDB's view of the track, skipped when memory alone holds all of it."""
+        if self._mem.is_complete(track):
+            return None
+        session = self._lmdb()
+        return session.info(track) if session is not None else None
+
+    def largest_object(self, track: TrackKey) -> Location | None:
+        mem = self._mem.largest_object(track)
+        info = self._durable_info(track)
+        if info is None or info.largest is None:
+            return mem
+        return info.largest if mem is None else max(mem, info.largest)
+
+    def known_final(self, track: TrackKey) -> Location | None:
+        final = self._mem.known_final(track)
+        if final is not None:
+            return final
+        info = self._durable_info(track)
+        return info.end_of_track if info is not None else None
+
+    def is_complete(self, track: TrackKey) -> bool:
+        return self._mem.is_complete(track) or self._durable_info(track) is not None
+
+    def group_end(self, track: TrackKey, group: int) -> int | None:
+        end = self._mem.group_end(track, group)
+        if end is not None or self._durable_info(track) is None:
+            return end
+        session = self._lmdb()
+        view = session.group(track, group) if session is not None else None
+        return view.end_of_group if view is not None else None
+
+    def present_ranges(self, track: TrackKey) -> list[tuple[Location, Location]]:
+        info = self._durable_info(track)
+        if info is None:
+            return self._mem.present_ranges(track)
+        session = self._lmdb()
+        assert session is not None
+        out = []
+        for g in range(info.groups):
+            view = session.group(track, g)
+            if view is not None and len(view):
+                out.append((Location(g, 0), Location(g, len(view) - 1)))
+        return out
+
+    def gaps(self, track: TrackKey, start: Location = ORIGIN,
+             end: Location | None = None) -> list[Span]:
+        """Unknown Spans of [start, end] (end None = Largest Object)."""
+        return [i for _, i in self.walk(track, start, end, include_status=True)
+                if isinstance(i, Span) and i.kind is SpanKind.UNKNOWN]
+
+    def _plan(self, track: TrackKey) -> tuple[list[int], Location | None, Location | None,
+                                              Callable[[int], GroupSource | None], list[Tier]]:
+        """Held Groups, End of Track, Largest, a Group opener, and the opener's last tier."""
+        mem = self._mem
+        mem_groups = mem.held_groups(track)
+        info = self._durable_info(track)
+        eot = mem.known_final(track)
+        largest = mem.largest_object(track)
+        durable_groups = 0
+        if info is not None:
+            durable_groups = info.groups
+            eot = eot or info.end_of_track
+            largest = info.largest if largest is None else max(largest, info.largest or largest)
+        held = mem_groups
+        if durable_groups:
+            held = sorted(set(mem_groups).union(range(durable_groups)))
+        tier = [Tier.NONE]
+        session = self._session
+
+        def open_group(g: int) -> GroupSource | None:
+            grp: MemoryGroup | None = mem.group(track, g)
+            if grp is not None and (g >= durable_groups or grp.whole(eot, g)):
+                tier[0] = Tier.MEMORY
+                return grp
+            if g < durable_groups and session is not None:
+                tier[0] = Tier.LMDB
+                return session.group(track, g)
+            tier[0] = Tier.MEMORY
+            return grp
+
+        return held, eot, largest, open_group, tier
+
+    def read(self, track: TrackKey, start: Location, end: Location | None = None,
+             order: GroupOrder = GroupOrder.ASCENDING,
+             object_ids: IdRanges | None = None) -> Iterator[tuple[Tier, StoredObject]]:
+        """Held Objects of [start, end] (status Objects included) with the serving tier."""
+        held, _, largest, open_group, tier = self._plan(track)
+        stop = end if end is not None else largest
+        if stop is None:
+            return
+        for obj in read_objects(start, stop, order, normalize_ranges(object_ids), held,
+                                open_group):
+            yield tier[0], obj
+
+    def walk(self, track: TrackKey, start: Location, end: Location | None = None,
+             order: GroupOrder = GroupOrder.ASCENDING, object_ids: IdRanges | None = None,
+             include_status: bool = False) -> Iterator[tuple[Tier, WalkItem]]:
+        """Objects and unknown / non-existent Spans of [start, end] with the serving tier.
+
+        end None means the Largest Object. Items stay valid until this reader closes.
+        """
+        held, eot, largest, open_group, tier = self._plan(track)
+        stop = end if end is not None else largest
+        if stop is None:
+            return
+        for item in walk_range(start, stop, order, normalize_ranges(object_ids), held,
+                               open_group, eot, include_status):
+            yield (Tier.NONE if isinstance(item, Span) else tier[0]), item

@@ -1,0 +1,226 @@
+"""LMDB tier: whole tracks only, restart, LRU eviction that survives restart, max age, full map."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lmdb
+import pytest
+from storage_helpers import describe, flat, full_track, track_key
+
+from storage.interface import (
+    IncompleteTrackError,
+    Location,
+    StorageError,
+    StorageFullError,
+    StoredObject,
+)
+from storage.lmdb_store import LmdbStore
+
+KiB = 1024
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _stored(store: LmdbStore, t: tuple) -> list[tuple]:
+    return describe(store.read_copy(t, Location(0, 0)))
+
+
+def test_commit_reopen_bit_identical(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path, capacity=64 << 20)
+    tracks = {track_key(i): full_track([5, 0, 7], size=300, salt=i, eot_objects=i % 2)
+              for i in range(5)}
+    for t, groups in tracks.items():
+        assert store.commit_track(t, groups) > 0
+    assert store.commit_track(track_key(0), tracks[track_key(0)]) == 0  # already held
+    used = store.bytes_used
+    store.close()
+    store = LmdbStore(tmp_path, capacity=64 << 20)
+    assert store.bytes_used == used
+    assert sorted(store.tracks()) == sorted(tracks)
+    for t, groups in tracks.items():
+        assert _stored(store, t) == describe(flat(groups))
+        info = store.info(t)
+        assert info is not None and info.complete and info.groups == len(groups)
+        assert info.end_of_track == flat(groups)[-1].location
+    store.close()
+
+
+def test_long_binary_track_names(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    t = (tuple(bytes([i]) * 200 for i in range(10)), b"\x00\xff" * 300)  # > 511-byte LMDB keys
+    store.commit_track(t, full_track([1]))
+    assert store.tracks() == [t] and store.contains(t)
+    assert not store.contains((t[0], b"other"))
+    store.close()
+
+
+@pytest.mark.parametrize("breakage", ["gap", "no_end_of_track", "no_end_of_group", "empty",
+                                      "wrong_group"])
+def test_incomplete_tracks_are_never_written(tmp_path: Path, breakage: str) -> None:
+    groups = full_track([3, 3])
+    if breakage == "gap":
+        del groups[1][1]
+    elif breakage == "no_end_of_track":
+        groups[-1].pop()
+    elif breakage == "no_end_of_group":
+        groups[0].pop()
+    elif breakage == "empty":
+        groups = []
+    else:
+        groups[0][0] = StoredObject(5, 0, 0, 7, payload=b"x")
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    with pytest.raises(IncompleteTrackError):
+        store.commit_track(track_key(0), groups)
+    assert store.tracks() == [] and store.bytes_used == 0
+    assert store.stats()["groups"] == 0
+    store.close()
+
+
+def test_lru_eviction_order_survives_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    groups = full_track([4, 4], size=2 * KiB)
+    size = LmdbStore(tmp_path / "probe", capacity=1 << 20).commit_track(track_key(99), groups)
+    capacity = 3 * size
+    store = LmdbStore(tmp_path / "db", capacity=capacity, clock=clock)
+    for i in range(3):
+        clock.now += 1
+        store.commit_track(track_key(i), groups)
+    with store.session() as s:  # reading track 0 makes it the most recently used
+        assert s.read(track_key(0), Location(0, 0)) is not None
+        assert s.group(track_key(0), 1) is not None
+    store.close()  # the use is persisted on close
+    store = LmdbStore(tmp_path / "db", capacity=capacity, clock=clock)
+    assert store.tracks() == [track_key(1), track_key(2), track_key(0)]
+    store.commit_track(track_key(3), groups)
+    assert store.tracks() == [track_key(2), track_key(0), track_key(3)]
+    assert store.bytes_used == 3 * size <= capacity
+    assert store.stats()["evicted_tracks"] == 1
+    assert store.stats()["groups"] == 3 * len(groups)  # no Group of track 1 left behind
+    store.close()
+
+
+def test_track_larger_than_capacity_is_refused(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path, capacity=4 * KiB)
+    with pytest.raises(StorageFullError):
+        store.commit_track(track_key(0), full_track([8], size=2 * KiB))
+    assert store.tracks() == []
+    store.close()
+
+
+def test_max_age_with_injected_clock(tmp_path: Path) -> None:
+    clock = Clock()
+    store = LmdbStore(tmp_path, capacity=1 << 20, max_age=60.0, clock=clock)
+    store.commit_track(track_key(0), full_track([2]))
+    clock.now += 30
+    store.commit_track(track_key(1), full_track([2]))
+    clock.now += 31  # track 0 is 61 s old, track 1 31 s
+    assert not store.contains(track_key(0)) and store.contains(track_key(1))
+    assert store.tracks() == [track_key(1)]
+    assert store.expire() == 1
+    assert store.stats()["tracks"] == 1
+    clock.now += 30
+    store.commit_track(track_key(2), full_track([2]))  # a commit purges what expired
+    assert store.tracks() == [track_key(2)]
+    assert store.stats()["groups"] == 2
+    store.close()
+
+
+def test_map_grows_then_evicts_then_reports_full(tmp_path: Path) -> None:
+    # Capacity far above the map limit: only the map can run out here.
+    store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=2 << 20,
+                      initial_map_size=256 * KiB)
+    groups = full_track([16], size=32 * KiB)  # ~400 KiB per track
+    for i in range(12):
+        store.commit_track(track_key(i), groups)
+    stats = store.stats()
+    assert stats["map_size"] == 2 << 20  # grew to the limit
+    assert stats["evicted_tracks"] > 0  # then made room by evicting least recently used
+    kept = store.tracks()
+    assert kept and kept[-1] == track_key(11)
+    for t in kept:
+        assert _stored(store, t) == describe(flat(groups))
+    with pytest.raises(StorageFullError):
+        store.commit_track(track_key(50), full_track([80], size=48 * KiB))  # > the whole map
+    assert not store.contains(track_key(50))
+    assert store.bytes_used == sum(store.info(t).nbytes for t in store.tracks())  # type: ignore[union-attr]
+    store.close()
+
+
+def test_map_does_not_grow_under_open_readers(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=4 << 20,
+                      initial_map_size=128 * KiB)
+    store.commit_track(track_key(0), full_track([1]))
+    with store.session() as s:
+        view = s.group(track_key(0), 0)
+        assert view is not None
+        with pytest.raises(StorageFullError, match="read sessions"):
+            store.commit_track(track_key(1), full_track([16], size=32 * KiB))
+        assert bytes(next(view.objects()).payload) == bytes(full_track([1])[0][0].payload)
+    store.commit_track(track_key(1), full_track([16], size=32 * KiB))  # now it may grow
+    store.close()
+
+
+def test_disk_full_becomes_storage_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    store.commit_track(track_key(0), full_track([1]))
+    real_begin = store._env.begin
+
+    class FailingTxn:
+        def __init__(self, txn: lmdb.Transaction) -> None:
+            self._txn = txn
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._txn, name)
+
+        def __enter__(self) -> FailingTxn:
+            self._txn.__enter__()
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._txn.__exit__(*exc)
+
+        def put(self, *args: object, **kw: object) -> bool:
+            raise lmdb.DiskError("No space left on device")
+
+    monkeypatch.setattr(store, "_env", type("Env", (), {
+        "begin": staticmethod(lambda **kw: FailingTxn(real_begin(**kw)) if kw.get("write")
+                              else real_begin(**kw)),
+    })())
+    with pytest.raises(StorageFullError, match="disk full"):
+        store.commit_track(track_key(1), full_track([2]))
+    monkeypatch.undo()
+    assert store.tracks() == [track_key(0)]
+    assert store.bytes_used == store.info(track_key(0)).nbytes  # type: ignore[union-attr]
+    store.close()
+
+
+def test_read_session_lifetime_is_explicit(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    groups = full_track([3], size=100)
+    store.commit_track(track_key(0), groups)
+    with store.session() as s:
+        objs = list(s.read(track_key(0), Location(0, 0)))
+        assert all(isinstance(o.payload, memoryview) for o in objs)  # zero-copy
+        kept = [o.copy() for o in objs]
+    with pytest.raises(StorageError, match="closed"):
+        s.group(track_key(1), 0)
+    assert describe(kept) == describe(flat(groups))
+    assert all(isinstance(o.payload, bytes) for o in kept)
+    store.close()
+
+
+def test_delete_track(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    store.commit_track(track_key(0), full_track([2]))
+    store.commit_track(track_key(1), full_track([2]))
+    assert store.delete_track(track_key(0)) and not store.delete_track(track_key(0))
+    assert store.tracks() == [track_key(1)]
+    assert store.bytes_used == store.info(track_key(1)).nbytes  # type: ignore[union-attr]
+    store.close()

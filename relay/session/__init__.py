@@ -1,1 +1,78 @@
+"""MOQT sessions on the transport seam: SETUP, request streams, subscriptions, fetches.
 
+Typical use::
+
+    conn = await relay.transport.connect("moqt://127.0.0.1:4433/", ...)
+    session = await MoqtSession.start(conn, SessionConfig(), handler)
+    sub = await session.subscribe(ns, b"k.raw.s0", Params(location_filter=...))
+    async for event in sub: ...
+
+The peer's requests reach ``handler`` (a :class:`SessionHandler`) as ``Incoming*`` objects
+that are answered with ``accept(...)`` / ``reject(...)``.
+"""
+
+from .client import open_session
+from .config import SessionConfig
+from .errors import (
+    PublishEnded,
+    RequestCancelled,
+    RequestRejected,
+    SessionClosed,
+    SessionFailure,
+    StreamAborted,
+)
+from .events import (
+    NamespaceEvent,
+    RangeMarker,
+    ReceivedObject,
+    Source,
+    StreamEnded,
+    StreamInfo,
+    SubscriptionDone,
+)
+from .handler import SessionHandler
+from .publisher import (
+    IncomingFetch,
+    IncomingPublish,
+    IncomingPublishNamespace,
+    IncomingSubscribe,
+    IncomingSubscribeNamespace,
+    IncomingTrackStatus,
+    ServedSubscription,
+)
+from .session import MoqtSession
+from .subscriber import FetchResponse, NamespaceSubscription, PublishedNamespace, Subscription
+from .writers import FetchWriter, SubgroupWriter
+
+__all__ = [
+    "FetchResponse",
+    "FetchWriter",
+    "IncomingFetch",
+    "IncomingPublish",
+    "IncomingPublishNamespace",
+    "IncomingSubscribe",
+    "IncomingSubscribeNamespace",
+    "IncomingTrackStatus",
+    "MoqtSession",
+    "NamespaceEvent",
+    "NamespaceSubscription",
+    "PublishEnded",
+    "PublishedNamespace",
+    "RangeMarker",
+    "ReceivedObject",
+    "RequestCancelled",
+    "RequestRejected",
+    "ServedSubscription",
+    "SessionClosed",
+    "SessionConfig",
+    "SessionFailure",
+    "SessionHandler",
+    "Source",
+    "StreamAborted",
+    "StreamEnded",
+    "StreamInfo",
+    "SubgroupWriter",
+    "Subscription",
+    "SubscriptionDone",
+    "open_session",
+]

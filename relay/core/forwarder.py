@@ -1,0 +1,270 @@
+"""Fan-out: one Forwarder per downstream subscription of a relayed Track (§14.3).
+
+The Track's ingest hands every new Object to each Forwarder with the upstream stream it came
+on. The Forwarder applies the subscription's filters and queues what passes on its session's
+scheduler; when emitted, an Object goes on the downstream subgroup stream that mirrors its
+upstream stream (so Objects of a Subgroup stay in order and the "next Object" rule of §11.5
+holds). A downstream stream is FINed when its upstream stream was, unless the filters dropped
+Objects from it — then it is reset (§11.5).
+
+A Forwarder bounds what it holds for a slow subscriber: past ``max_backlog`` bytes the
+subscription ends with PUBLISH_DONE TOO_FAR_BEHIND and its streams are reset with
+TOO_FAR_BEHIND (§14.3); other subscribers are not affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from relay.moqt.codes import ObjectStatus, ParameterType, PublishDoneCode, StreamResetCode
+from relay.moqt.dataplane.objects import SubgroupHeader
+from relay.moqt.params import Params
+from relay.moqt.primitives import Location
+from relay.session import ServedSubscription, SubgroupWriter
+from relay.transport import TransportError
+from storage.interface import StoredObject
+
+from .scheduler import SessionScheduler
+
+log = logging.getLogger("kvcs.relay")
+
+_END = 1 << 64  # sorts an end-of-stream item after every Object of its Subgroup
+
+
+@dataclass(eq=False)
+class _Down:
+    """The downstream stream mirroring one upstream subgroup stream."""
+
+    header: SubgroupHeader
+    writer: SubgroupWriter | None = None
+    dropped: bool = False  # an Object of it was filtered out: end with a reset, not FIN
+    first: bool = False  # the first Object we send is the Subgroup's first (FIRST_OBJECT)
+    offered: int = 0
+    failed: bool = False
+
+
+class Forwarder:
+    def __init__(self, params: Params, scheduler: SessionScheduler,
+                 start: Location, end: Location | None, *, max_backlog: int,
+                 on_close: Callable[[Forwarder], None], on_backlog: Callable[[int], None] | None
+                 = None) -> None:
+        # Registered with the Track before SUBSCRIBE_OK is sent (so no Object above L can slip
+        # between the two); ``attach`` gives it the subscription once the reply is out.
+        self.served: ServedSubscription | None = None
+        self._ready = asyncio.Event()
+        self._finished = asyncio.Event()
+        self.params = params
+        self.subscriber_priority = params.subscriber_priority if \
+            params.subscriber_priority is not None else 128
+        self.forward = params.forward is not False
+        self.scheduler = scheduler
+        self.start = start
+        self.end = end
+        self.max_backlog = max_backlog
+        self._on_close = on_close
+        self._on_backlog = on_backlog
+        p = params
+        self._sub_filter = p.range_filter(ParameterType.SUBGROUP_FILTER)
+        self._id_filter = p.range_filter(ParameterType.OBJECTID_FILTER)
+        self._prio_filter = p.range_filter(ParameterType.PRIORITY_FILTER)
+        self._streams: dict[int, _Down] = {}
+        self.backlog = 0
+        self.pending = 0
+        self.closed = False
+        self._done_status: int | None = None
+        self._done_reason = ""
+        self.objects_sent = 0
+        self.bytes_sent = 0
+
+    def attach(self, served: ServedSubscription) -> None:
+        self.served = served
+        self._ready.set()
+
+    # -- fed by the Track's ingest ---------------------------------------------------------------
+
+    def passes(self, obj: StoredObject) -> bool:
+        loc = Location(obj.group, obj.object_id)
+        if loc < self.start or (self.end is not None and loc > self.end):
+            return False
+        if obj.status == ObjectStatus.NORMAL:
+            if self._id_filter is not None and self._id_filter.set_id is not None and \
+                    not self._id_filter.matches(obj.object_id):
+                return False
+            if self._sub_filter is not None and self._sub_filter.set_id is not None and \
+                    not self._sub_filter.matches(obj.subgroup):
+                return False
+            if self._prio_filter is not None and self._prio_filter.set_id is not None and \
+                    not self._prio_filter.matches(obj.priority):
+                return False
+        return True
+
+    def offer(self, stream_key: int, header: SubgroupHeader, obj: StoredObject,
+              first_in_stream: bool) -> None:
+        if self.closed or not (self.served.forward if self.served is not None else self.forward):
+            return
+        down = self._streams.get(stream_key)
+        if down is None:
+            down = _Down(header, first=header.first_object and first_in_stream)
+            self._streams[stream_key] = down
+        if not self.passes(obj):
+            if Location(obj.group, obj.object_id) >= self.start:
+                down.dropped = True  # filtered out (not merely below the start): reset later
+            elif down.offered == 0:
+                down.first = False
+            return
+        down.offered += 1
+        size = len(obj.payload) + 64
+        self.backlog += size
+        self.pending += 1
+        if self._on_backlog is not None:
+            self._on_backlog(self.backlog)
+        if self.backlog > self.max_backlog:
+            self.too_far_behind()
+            return
+        key = (self.subscriber_priority, obj.priority, obj.group, obj.subgroup,
+               obj.object_id)
+        self.scheduler.push(key, self._emit, (stream_key, obj, size))
+
+    def stream_ended(self, stream_key: int, fin: bool) -> None:
+        down = self._streams.get(stream_key)
+        if down is None or self.closed:
+            return
+        h = down.header
+        sub = h.subgroup_id or 0
+        prio = h.publisher_priority if h.publisher_priority is not None else 128
+        self.pending += 1
+        self.scheduler.push((self.subscriber_priority, prio, h.group_id, sub, _END),
+                            self._emit, (stream_key, None, fin))
+
+    def upstream_done(self, status: int, reason: str = "") -> None:
+        """The Track's last upstream ended: PUBLISH_DONE once everything queued is sent."""
+        if self.closed or self._done_status is not None:
+            return
+        self._done_status = status
+        self._done_reason = reason
+        self._maybe_done()
+
+    # -- emitted by the scheduler -----------------------------------------------------------------
+
+    async def _emit(self, item: tuple[int, StoredObject | None, Any]) -> None:
+        stream_key, obj, extra = item
+        self.pending -= 1
+        if self.served is None:
+            await self._ready.wait()
+        try:
+            if self.closed:
+                return
+            down = self._streams.get(stream_key)
+            if down is None or down.failed:
+                return
+            if obj is None:
+                await self._end_stream(stream_key, down, fin=bool(extra))
+            else:
+                self.backlog -= extra
+                await self._write(down, obj)
+        except TransportError:
+            down = self._streams.get(stream_key)
+            if down is not None:
+                down.failed = True
+        finally:
+            self._maybe_done()
+
+    async def _write(self, down: _Down, obj: StoredObject) -> None:
+        w = down.writer
+        if w is None:
+            h = down.header
+            assert self.served is not None
+            w = await self.served.open_subgroup(
+                h.group_id, obj.subgroup, obj.priority, first_object=down.first,
+                end_of_group=h.end_of_group, properties=h.has_properties)
+            down.writer = w
+        if obj.status == ObjectStatus.NORMAL:
+            props = bytes(obj.properties) if obj.properties else None
+            await w.write_object(obj.object_id, obj.payload, properties=props)
+            self.objects_sent += 1
+            self.bytes_sent += len(obj.payload)
+        else:
+            await w.write_status(obj.object_id, ObjectStatus(obj.status))
+
+    async def _end_stream(self, key: int, down: _Down, fin: bool) -> None:
+        del self._streams[key]
+        w = down.writer
+        if w is None:
+            return
+        if fin and not down.dropped:
+            await w.finish()
+        else:
+            w.reset(StreamResetCode.INTERNAL_ERROR if not fin else StreamResetCode.CANCELLED)
+
+    def _maybe_done(self) -> None:
+        if self._done_status is not None and self.pending == 0 and not self.closed:
+            status, reason = self._done_status, self._done_reason
+            self.close()
+            self._spawn(self._send_done(status, reason), "publish-done")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        if self.served is not None:
+            self.served.session.spawn(coro, name)
+        else:
+            coro.close()
+
+    async def _send_done(self, status: int, reason: str) -> None:
+        for down in list(self._streams.values()):
+            if down.writer is not None:
+                down.writer.reset(StreamResetCode.INTERNAL_ERROR)
+        self._streams.clear()
+        try:
+            assert self.served is not None
+            await self.served.done(status, reason)
+        except TransportError:
+            pass
+
+    # -- ending -----------------------------------------------------------------------------------
+
+    def too_far_behind(self) -> None:
+        log.info("a subscription is too far behind (%d bytes queued): ending it", self.backlog)
+        self.close()
+        for down in self._streams.values():
+            if down.writer is not None:
+                down.writer.reset(StreamResetCode.TOO_FAR_BEHIND)
+        self._streams.clear()
+        self.backlog = 0
+        self._spawn(self._safe_done(PublishDoneCode.TOO_FAR_BEHIND, "too far behind"),
+                    "too-far-behind")
+
+    async def _safe_done(self, status: int, reason: str) -> None:
+        try:
+            assert self.served is not None
+            await self.served.done(status, reason, timeout=1.0)
+        except TransportError:
+            pass
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._finished.set()
+        self._on_close(self)
+
+    async def wait_finished(self, cancelled: asyncio.Event) -> None:
+        """Until the subscription ends: the subscriber cancels (then drop what is queued),
+        or the Forwarder ended it (PUBLISH_DONE)."""
+        waits = {asyncio.ensure_future(cancelled.wait()),
+                 asyncio.ensure_future(self._finished.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if cancelled.is_set():
+            self.cancel()
+
+    def cancel(self) -> None:
+        """The subscriber cancelled: drop what is queued (its streams were reset already)."""
+        self.close()
+        self._streams.clear()
+        self.backlog = 0

@@ -1,0 +1,577 @@
+"""The relay: composition of the namespace table, the Track registry, the store, upstream
+links and authorization, answering every downstream request (§14, kvcs-draft 5.1–5.3)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay.moqt.codes import (
+    GroupOrder,
+    LocationFilterType,
+    ParameterType,
+    RequestErrorCode,
+    SessionErrorCode,
+)
+from relay.moqt.location_filter import (
+    LocationFilter,
+    resolve_fetch_range,
+    resolve_subscription_range,
+)
+from relay.moqt.params import Params
+from relay.moqt.primitives import (
+    FullTrackName,
+    Location,
+    TrackNamespace,
+    prefixes_overlap,
+)
+from relay.moqt.range_filter import RangeFilter
+from relay.session import (
+    IncomingFetch,
+    IncomingPublish,
+    IncomingPublishNamespace,
+    IncomingSubscribe,
+    IncomingSubscribeNamespace,
+    IncomingTrackStatus,
+    MoqtSession,
+    ReceivedObject,
+    RequestRejected,
+    SessionConfig,
+    SessionHandler,
+    StreamAborted,
+)
+from relay.session.errors import SessionFailure
+from relay.transport import Connection, TransportError
+from storage.interface import IncompleteTrackError, StorageFullError, StoredObject, Tier
+from storage.tiered import TieredStore
+
+from .auth import Authorizer, Role, token_values
+from .forwarder import Forwarder
+from .namespaces import NamespaceListener, NamespaceTable, PublisherEntry
+from .scheduler import SessionScheduler
+from .track import RelayTrack
+from .upstream import UpstreamLink
+
+log = logging.getLogger("kvcs.relay")
+
+_ABSOLUTE = (LocationFilterType.ABSOLUTE_START, LocationFilterType.ABSOLUTE_START_GROUP_END,
+             LocationFilterType.ABSOLUTE_RANGE)
+
+
+@dataclass
+class RelayOptions:
+    max_filter_ranges: int = 16
+    max_request_updates: int = 4
+    implementation: str = "kvcs-relay/0.1"
+    # A subscriber's queued-but-unsent bytes beyond this end its subscription (TOO_FAR_BEHIND).
+    max_backlog_bytes: int = 256 * 1024 * 1024
+    # FILL_TIMEOUT when a fill or FETCH does not give one (seconds).
+    default_fill_timeout: float = 5.0
+    in_flight_wait: float = 1.0
+
+
+@dataclass
+class Counters:
+    """Plain counters; the metrics module exports them."""
+
+    values: dict[str, int] = field(default_factory=dict)
+
+    def inc(self, name: str, n: int = 1) -> None:
+        self.values[name] = self.values.get(name, 0) + n
+
+    def get(self, name: str) -> int:
+        return self.values.get(name, 0)
+
+
+class Relay:
+    def __init__(self, store: TieredStore, *, options: RelayOptions | None = None,
+                 authorizer: Authorizer | None = None, upstream: UpstreamLink | None = None
+                 ) -> None:
+        self.store = store
+        self.options = options or RelayOptions()
+        self.auth = authorizer or Authorizer()
+        self.namespaces = NamespaceTable()
+        self.tracks: dict[FullTrackName, RelayTrack] = {}
+        self.sessions: set[MoqtSession] = set()
+        self.counters = Counters()
+        self.upstream = upstream
+        self._commit_lock = asyncio.Lock()
+        self._fetches: dict[tuple[FullTrackName, Location, Location], asyncio.Future[bool]] = {}
+        self._upstream_ns: dict[TrackNamespace, Any] = {}
+        self.draining = False
+
+    @property
+    def session_config(self) -> SessionConfig:
+        o = self.options
+        return SessionConfig(max_filter_ranges=o.max_filter_ranges,
+                             max_request_updates=o.max_request_updates,
+                             implementation=o.implementation)
+
+    # -- sessions ---------------------------------------------------------------------------------
+
+    async def handle_connection(self, conn: Connection) -> None:
+        """The transport server's per-connection handler."""
+        handler = RelayHandler(self)
+        try:
+            session = await MoqtSession.start(conn, self.session_config, handler)
+        except (SessionFailure, TransportError) as e:
+            log.info("session setup failed: %s", e)
+            return
+        handler.attach(session)
+        self.sessions.add(session)
+        self.counters.inc("sessions_accepted")
+        log.info("session open: %s %s", conn.transport, conn.remote_address)
+        try:
+            code, reason = await session.wait_closed()
+            log.info("session closed: code 0x%x %s", code, reason)
+        finally:
+            self.sessions.discard(session)
+            self.namespaces.remove_source(session)
+            for lst in self.namespaces.listeners_of(session):
+                self.namespaces.remove_listener(lst)
+
+    def track(self, name: FullTrackName) -> RelayTrack:
+        t = self.tracks.get(name)
+        if t is None:
+            t = self.tracks[name] = RelayTrack(name, self.store, self._commit)
+        return t
+
+    async def _commit(self, track: RelayTrack) -> None:
+        """Persist a complete Track to LMDB, off the event loop, one commit at a time."""
+        durable = self.store.durable
+        if durable is None:
+            return
+        async with self._commit_lock:
+            if track.committed:
+                return
+            groups = self.store.memory.complete_track(track.key)
+            if groups is None:
+                return  # a gap, or aborted: never persisted
+            try:
+                n = await asyncio.to_thread(durable.commit_track, track.key, groups)
+            except StorageFullError as e:
+                log.warning("LMDB full, %r stays in memory only: %s", track, e)
+                self.counters.inc("lmdb_full")
+                return
+            except IncompleteTrackError:
+                return
+            track.committed = True
+            self.counters.inc("lmdb_committed_tracks")
+            self.counters.inc("lmdb_committed_bytes", n)
+
+    async def wait_committed(self, name: FullTrackName, timeout: float = 10.0) -> bool:
+        t = self.tracks.get(name)
+        if t is None:
+            return False
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while not t.committed and loop.time() < end:
+            task = t._commit_task
+            if task is not None:
+                await asyncio.wait_for(asyncio.shield(task), end - loop.time())
+            if not t.committed:
+                await t.wait_change(end - loop.time())
+        return t.committed
+
+    # -- upstream ---------------------------------------------------------------------------------
+
+    def _sources(self, namespace: TrackNamespace) -> list[Any]:
+        return [e.source for e in self.namespaces.publishers_for(namespace)
+                if not getattr(e.source, "closed", False)]
+
+    async def _upstream_session(self) -> MoqtSession | None:
+        if self.upstream is None:
+            return None
+        return await self.upstream.get()
+
+    async def ensure_upstream(self, track: RelayTrack) -> RequestRejected | None:
+        """One upstream subscription per Track (§14.4): reuse or establish it."""
+        while track.establishing is not None:
+            await asyncio.shield(track.establishing)
+        if track.live:
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        track.establishing = fut
+        last: RequestRejected | None = None
+        try:
+            sources: list[MoqtSession] = list(self._sources(track.full_name.namespace))
+            up = await self._upstream_session()
+            if up is not None and up not in sources:
+                sources.append(up)
+            if not sources:
+                return RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
+            cold = track.largest() is None
+            params = Params(location_filter=LocationFilter.next_object(), forward=True,
+                            fill=Params(location_filter=LocationFilter.absolute_start(0, 0))
+                            if cold else None)
+            for src in sources:
+                try:
+                    sub = await src.subscribe(track.full_name.namespace, track.full_name.name,
+                                              params)
+                except RequestRejected as e:
+                    last = e
+                    continue
+                except (SessionFailure, TransportError) as e:
+                    last = RequestRejected(RequestErrorCode.INTERNAL_ERROR, str(e))
+                    continue
+                self.counters.inc("upstream_subscriptions")
+                track.upstreams.append(sub)  # live from now on, before ingest first runs
+                src.spawn(track.ingest(sub), "ingest")
+                return None
+            return last or RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
+        finally:
+            track.establishing = None
+            fut.set_result(None)
+
+    async def fetch_upstream(self, track: RelayTrack, start: Location, end: Location) -> bool:
+        """Upstream FETCH of [start, end] into the cache; concurrent identical misses share
+        one request (§14.7, coalescing)."""
+        key = (track.full_name, start, end)
+        pending = self._fetches.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._fetches[key] = fut
+        ok = False
+        try:
+            ok = await self._do_fetch(track, start, end)
+        finally:
+            del self._fetches[key]
+            fut.set_result(ok)
+        return ok
+
+    async def _do_fetch(self, track: RelayTrack, start: Location, end: Location) -> bool:
+        sources: list[MoqtSession] = list(self._sources(track.full_name.namespace))
+        up = await self._upstream_session()
+        if up is not None and up not in sources:
+            sources.append(up)
+        lf = LocationFilter.absolute_range(start, end)
+        for src in sources:
+            try:
+                resp = await src.fetch(track.full_name.namespace, track.full_name.name,
+                                       Params(location_filter=lf,
+                                              group_order=GroupOrder.ASCENDING))
+                self.counters.inc("upstream_fetches")
+                track.note_largest(resp.end_location)
+                async for ev in resp:
+                    if isinstance(ev, ReceivedObject):
+                        track.append_fetched(StoredObject(
+                            ev.group, ev.subgroup, ev.object_id, ev.priority, 0,
+                            ev.properties or b"", ev.payload))
+                return True
+            except (RequestRejected, StreamAborted, SessionFailure, TransportError) as e:
+                log.info("upstream FETCH for %r failed: %s", track, e)
+        return False
+
+    async def subscribe_namespace_upstream(self, prefix: TrackNamespace) -> None:
+        """Aggregated SUBSCRIBE_NAMESPACE upstream; what it announces becomes routable there."""
+        if prefix in self._upstream_ns or self.upstream is None:
+            return
+        up = await self._upstream_session()
+        if up is None:
+            return
+        for existing in self._upstream_ns:
+            if prefixes_overlap(existing, prefix) and len(existing) <= len(prefix):
+                return  # an existing upstream prefix already covers it
+        self._upstream_ns[prefix] = None
+        try:
+            nsub = await up.subscribe_namespace(prefix)
+        except (RequestRejected, SessionFailure, TransportError) as e:
+            log.info("upstream SUBSCRIBE_NAMESPACE failed: %s", e)
+            self._upstream_ns.pop(prefix, None)
+            return
+        self._upstream_ns[prefix] = nsub
+        up.spawn(self._follow_upstream_namespaces(prefix, nsub, up), "upstream-namespaces")
+
+    async def _follow_upstream_namespaces(self, prefix: TrackNamespace, nsub: Any,
+                                          up: MoqtSession) -> None:
+        entries: dict[TrackNamespace, PublisherEntry] = {}
+        try:
+            async for ev in nsub:
+                if ev.active:
+                    e = PublisherEntry(ev.namespace, up, upstream=True)
+                    entries[ev.namespace] = e
+                    self.namespaces.add_publisher(e)
+                else:
+                    e2 = entries.pop(ev.namespace, None)
+                    if e2 is not None:
+                        self.namespaces.remove_publisher(e2)
+        except SessionFailure:
+            pass
+        finally:
+            for e in entries.values():
+                self.namespaces.remove_publisher(e)
+            self._upstream_ns.pop(prefix, None)
+
+    # -- shutdown ---------------------------------------------------------------------------------
+
+    async def goaway_all(self) -> None:
+        self.draining = True
+        await asyncio.gather(*(s.goaway() for s in list(self.sessions)),
+                             return_exceptions=True)
+
+    async def close(self) -> None:
+        for s in list(self.sessions):
+            s.close(SessionErrorCode.NO_ERROR, "relay shutting down")
+        if self.upstream is not None:
+            await self.upstream.close()
+
+
+def _tokens(session: MoqtSession | None, params: Params) -> list[bytes]:
+    tokens = token_values(params.authorization_tokens)
+    if session is not None and session.peer_setup is not None:
+        tokens += token_values(session.peer_setup.authorization_tokens)
+    return tokens
+
+
+def _id_ranges(params: Params) -> list[tuple[int, int | None]] | None:
+    f: RangeFilter | None = params.range_filter(ParameterType.OBJECTID_FILTER)
+    if f is None or f.set_id is None:
+        return None
+    return [(r.start, r.end) for r in f.ranges]
+
+
+class RelayHandler(SessionHandler):
+    """Answers one downstream session's requests on behalf of the Relay."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.session: MoqtSession | None = None
+        self._scheduler: SessionScheduler | None = None
+
+    def attach(self, session: MoqtSession) -> None:
+        self.session = session
+
+    def _sess(self, req: Any) -> MoqtSession:
+        return req.session  # type: ignore[no-any-return]
+
+    def scheduler(self, session: MoqtSession) -> SessionScheduler:
+        if self._scheduler is None:
+            self._scheduler = SessionScheduler(session.spawn)
+        return self._scheduler
+
+    def _allowed(self, req: Any, role: Role, namespace: TrackNamespace) -> bool:
+        ok = self.relay.auth.allows(role, namespace, _tokens(self._sess(req), req.params))
+        if not ok:
+            self.relay.counters.inc("auth_failures")
+        return ok
+
+    # -- publishers -------------------------------------------------------------------------------
+
+    async def publish_namespace(self, req: IncomingPublishNamespace) -> None:
+        if not self._allowed(req, Role.PUBLISH, req.namespace):
+            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized to publish there")
+            return
+        entry = PublisherEntry(req.namespace, self._sess(req))
+        await req.accept()
+        self.relay.namespaces.add_publisher(entry)
+        try:
+            await req.withdrawn.wait()
+        finally:
+            self.relay.namespaces.remove_publisher(entry)
+
+    async def publish(self, req: IncomingPublish) -> None:
+        if not self._allowed(req, Role.PUBLISH, req.namespace):
+            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized to publish there")
+            return
+        track = self.relay.track(req.full_name)
+        sub = await req.accept()
+        self.relay.counters.inc("publish_accepted")
+        await track.ingest(sub)
+
+    # -- discovery --------------------------------------------------------------------------------
+
+    async def subscribe_namespace(self, req: IncomingSubscribeNamespace) -> None:
+        session = self._sess(req)
+        tokens = _tokens(session, req.params)
+        auth = self.relay.auth
+        if not auth.allows_prefix(Role.SUBSCRIBE, req.prefix, tokens):
+            self.relay.counters.inc("auth_failures")
+            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that prefix")
+            return
+        table = self.relay.namespaces
+        if any(prefixes_overlap(x.prefix, req.prefix) for x in table.listeners_of(session)):
+            await req.reject(RequestErrorCode.PREFIX_OVERLAP, "overlaps an earlier prefix")
+            return
+        queue: asyncio.Queue[tuple[TrackNamespace, bool]] = asyncio.Queue()
+        listener = NamespaceListener(
+            req.prefix, lambda ns, active: queue.put_nowait((ns, active)),
+            lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens), session)
+        await req.accept()
+        for ns in table.add_listener(listener):
+            queue.put_nowait((ns, True))
+        await self.relay.subscribe_namespace_upstream(req.prefix)
+        try:
+            while not req.cancelled.is_set():
+                get = asyncio.ensure_future(queue.get())
+                cancelled = asyncio.ensure_future(req.cancelled.wait())
+                done, _ = await asyncio.wait({get, cancelled},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                cancelled.cancel()
+                if get not in done:
+                    get.cancel()
+                    break
+                ns, active = get.result()
+                await (req.announce(ns) if active else req.withdraw(ns))
+        finally:
+            table.remove_listener(listener)
+
+    # -- subscriptions ----------------------------------------------------------------------------
+
+    async def subscribe(self, req: IncomingSubscribe) -> None:
+        relay = self.relay
+        if not self._allowed(req, Role.SUBSCRIBE, req.namespace):
+            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
+            return
+        if req.namespace and req.namespace[0].startswith(b"."):
+            await req.reject(RequestErrorCode.DOES_NOT_EXIST, "reserved namespace")
+            return
+        track = relay.track(req.full_name)
+        err = await relay.ensure_upstream(track)
+        if err is not None:
+            await req.reject(err.code, err.reason)
+            return
+        session = self._sess(req)
+        params = req.params
+        # L, the live start and the Forwarder's registration happen with no await between
+        # them, so no Object above L can be missed or sent twice (§9.6).
+        largest = track.largest()
+        live = resolve_subscription_range(params.location_filter, largest)
+        fwd = Forwarder(params, self.scheduler(session), live.start, live.end,
+                        max_backlog=relay.options.max_backlog_bytes,
+                        on_close=lambda f: track.forwarders.discard(f))
+        track.forwarders.add(fwd)
+        try:
+            served = await req.accept(largest)
+        except BaseException:
+            fwd.close()
+            raise
+        fwd.attach(served)
+        relay.counters.inc("subscriptions")
+        if not track.live:  # the upstream ended while we answered
+            fwd.upstream_done(0x2, "track ended")
+        fill = params.fill
+        if fill is not None and largest is not None and served.forward:
+            session.spawn(self._serve_fill(track, served, params, largest), "fill")
+        await fwd.wait_finished(served.cancelled)
+
+    async def _serve_fill(self, track: RelayTrack, served: Any, params: Params,
+                          largest: Location) -> None:
+        fill = params.fill
+        assert fill is not None
+        lf = fill.location_filter if fill.location_filter is not None else params.location_filter
+        if lf is not None and lf.type == LocationFilterType.NONE:
+            lf = None
+        rng = resolve_fetch_range(lf, largest)
+        if rng is None or rng.is_empty or rng.end is None:
+            return
+        order = fill.group_order or params.group_order or GroupOrder.ASCENDING
+        merged = Params(range_filters=fill.range_filters or params.range_filters)
+        timeout = fill.fill_timeout / 1000 if fill.fill_timeout is not None \
+            else self.relay.options.default_fill_timeout
+        lease = track.store.pin(track.key, rng.start.group, rng.end.group)
+        try:
+            writer = await served.open_fill(group_order=order)
+            stats = await track.serve_range(writer, rng.start, rng.end, order,
+                                            _id_ranges(merged), timeout,
+                                            self.relay.fetch_upstream,
+                                            self.relay.options.in_flight_wait)
+            if not stats.reset:
+                await writer.finish()
+            self._count_tiers("fill", stats.by_tier)
+        except TransportError:
+            pass
+        finally:
+            lease.release()
+
+    def _count_tiers(self, what: str, by_tier: dict[Tier, int]) -> None:
+        for tier, n in by_tier.items():
+            self.relay.counters.inc(f"{what}_objects_{tier.name.lower()}", n)
+
+    # -- FETCH ------------------------------------------------------------------------------------
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        relay = self.relay
+        if not self._allowed(req, Role.SUBSCRIBE, req.namespace):
+            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
+            return
+        track = relay.track(req.full_name)
+        params = req.params
+        lf = params.location_filter
+        if lf is not None and lf.type == LocationFilterType.NONE:
+            lf = None
+        if lf is not None and lf.type not in _ABSOLUTE and lf.type != \
+                LocationFilterType.RELATIVE_START:
+            pass  # Next Object: the range is empty, answered below as INVALID_RANGE
+        largest = track.largest()
+        if largest is None:
+            # Nothing cached: learn the Track from upstream (pull-through).
+            start, end = self._requested_bounds(lf)
+            if await relay.fetch_upstream(track, start, end):
+                largest = track.largest()
+        if largest is None:
+            await req.reject(RequestErrorCode.DOES_NOT_EXIST
+                             if not relay._sources(req.namespace) else
+                             RequestErrorCode.INVALID_RANGE, "nothing published")
+            return
+        rng = resolve_fetch_range(lf, largest)
+        if rng is None or rng.is_empty or rng.end is None:
+            await req.reject(RequestErrorCode.INVALID_RANGE, "start is past the Largest Object")
+            return
+        end = rng.end
+        if lf is not None and lf.type == LocationFilterType.ABSOLUTE_START_GROUP_END and \
+                end.group == lf.end_group:
+            g_end = track.store.group_end(track.key, end.group)
+            if g_end is not None:
+                end = Location(end.group, min(end.object, g_end))
+        final = track.store.known_final(track.key)
+        end_of_track = final is not None and Location(final.group, final.object) <= end and \
+            end >= largest
+        writer = await req.accept(end_of_track, end)
+        timeout = params.fill_timeout / 1000 if params.fill_timeout is not None \
+            else relay.options.default_fill_timeout
+        lease = track.store.pin(track.key, rng.start.group, end.group)
+        try:
+            stats = await track.serve_range(writer, rng.start, end, req.group_order,
+                                            _id_ranges(params), timeout, relay.fetch_upstream,
+                                            relay.options.in_flight_wait)
+            if not stats.reset:
+                await writer.finish()
+            relay.counters.inc("fetches")
+            self._count_tiers("fetch", stats.by_tier)
+        except TransportError:
+            pass
+        finally:
+            lease.release()
+
+    @staticmethod
+    def _requested_bounds(lf: LocationFilter | None) -> tuple[Location, Location]:
+        big = (1 << 64) - 1
+        if lf is None or lf.type not in _ABSOLUTE:
+            return Location(0, 0), Location(big, big)
+        start = Location(lf.start_group, lf.start_object)
+        if lf.type == LocationFilterType.ABSOLUTE_RANGE:
+            return start, Location(lf.end_group, lf.end_object)
+        if lf.type == LocationFilterType.ABSOLUTE_START_GROUP_END:
+            return start, Location(lf.end_group, big)
+        return start, Location(big, big)
+
+    # -- TRACK_STATUS -----------------------------------------------------------------------------
+
+    async def track_status(self, req: IncomingTrackStatus) -> None:
+        if not self._allowed(req, Role.SUBSCRIBE, req.full_name.namespace):
+            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
+            return
+        track = self.relay.tracks.get(req.full_name)
+        largest = track.largest() if track is not None else None
+        if largest is None:
+            await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no such track")
+            return
+        await req.reply(largest)
+
+
+__all__ = ["Counters", "Relay", "RelayHandler", "RelayOptions"]
+_ = Iterable

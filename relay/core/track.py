@@ -1,0 +1,335 @@
+"""One relayed Track: its upstream subscription(s), its cache entries, its downstream
+Forwarders, and serving ranges of it from cache (fills and FETCH, §14.5, §14.6).
+
+The relay never looks into payloads: Objects go from the upstream subscription into the
+store and out to Forwarders as opaque buffers (§14.9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from relay.moqt.codes import (
+    EndOfRangeType,
+    GroupOrder,
+    ObjectStatus,
+    PublishDoneCode,
+    StreamResetCode,
+)
+from relay.moqt.primitives import FullTrackName, Location, format_full_track_name
+from relay.session import (
+    FetchWriter,
+    RangeMarker,
+    ReceivedObject,
+    RequestCancelled,
+    SessionClosed,
+    Source,
+    StreamEnded,
+    Subscription,
+    SubscriptionDone,
+)
+from relay.transport import TransportError
+from storage.interface import (
+    OBJECT_MAX,
+    AppendResult,
+    ConflictError,
+    Span,
+    SpanKind,
+    StoredObject,
+    Tier,
+    TrackKey,
+)
+from storage.interface import GroupOrder as StoreOrder
+from storage.interface import Location as StoreLocation
+
+if TYPE_CHECKING:
+    from storage.tiered import TieredStore
+
+    from .forwarder import Forwarder
+
+log = logging.getLogger("kvcs.relay")
+
+# Upstream PUBLISH_DONE codes passed through downstream as they are (§14.4); the others are
+# about the relay's own upstream subscription and become INTERNAL_ERROR.
+_PASS_THROUGH = {PublishDoneCode.TRACK_ENDED, PublishDoneCode.MALFORMED_TRACK}
+
+UpstreamFetch = Callable[["RelayTrack", Location, Location], Awaitable[bool]]
+
+
+@dataclass
+class ServeStats:
+    objects: int = 0
+    bytes: int = 0
+    by_tier: dict[Tier, int] = field(default_factory=dict)
+    markers: int = 0
+    upstream_fetches: int = 0
+    reset: bool = False
+
+
+class RelayTrack:
+    def __init__(self, full_name: FullTrackName, store: TieredStore,
+                 on_commit: Callable[[RelayTrack], Awaitable[None]] | None = None) -> None:
+        self.full_name = full_name
+        self.key: TrackKey = (tuple(full_name.namespace), bytes(full_name.name))
+        self.store = store
+        self.upstreams: list[Subscription] = []
+        self.forwarders: set[Forwarder] = set()
+        self.upstream_largest: Location | None = None
+        self.establishing: asyncio.Future[None] | None = None
+        self.malformed = False
+        self._changed = asyncio.Event()
+        self._on_commit = on_commit
+        self.committed = False
+        self._commit_task: asyncio.Future[None] | None = None
+        self._commit_again = False
+
+    def __repr__(self) -> str:
+        return f"<RelayTrack {format_full_track_name(*self.full_name)}>"
+
+    # -- state ------------------------------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        return any(not s.ended for s in self.upstreams)
+
+    def largest(self) -> Location | None:
+        """The relay's Largest Object: never less than what upstream reported (§6.3)."""
+        cached = self.store.largest_object(self.key)
+        up = self.upstream_largest
+        if cached is None:
+            return up
+        loc = Location(cached.group, cached.object)
+        return loc if up is None or loc > up else up
+
+    def note_largest(self, loc: Location | None) -> None:
+        if loc is not None and (self.upstream_largest is None or loc > self.upstream_largest):
+            self.upstream_largest = loc
+
+    def _bump(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_change(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    # -- upstream ---------------------------------------------------------------------------------
+
+    async def ingest(self, sub: Subscription) -> None:
+        """Cache and fan out everything the upstream subscription delivers."""
+        if sub not in self.upstreams:
+            self.upstreams.append(sub)
+        self.note_largest(sub.largest)
+        seen_streams: set[int] = set()
+        status: int | None = None
+        reason = ""
+        try:
+            async for ev in sub:
+                if isinstance(ev, ReceivedObject):
+                    self._on_object(ev, seen_streams)
+                elif isinstance(ev, StreamEnded):
+                    sid = ev.stream.stream_id
+                    seen_streams.discard(sid)
+                    if ev.stream.source is Source.SUBGROUP:
+                        for f in list(self.forwarders):
+                            f.stream_ended(sid, ev.fin)
+                    self.maybe_commit()
+                elif isinstance(ev, SubscriptionDone):
+                    status, reason = ev.status, ev.reason
+                elif isinstance(ev, RangeMarker):
+                    pass  # an unknown span in the upstream fill stays unknown here
+                if self.malformed:
+                    sub.cancel(StreamResetCode.MALFORMED_TRACK)
+                    status = PublishDoneCode.MALFORMED_TRACK
+                    break
+        except (SessionClosed, RequestCancelled) as e:
+            log.info("%r: upstream subscription ended: %s", self, e)
+        finally:
+            self.upstreams.remove(sub)
+            await self._upstream_gone(status, reason)
+
+    def _on_object(self, ev: ReceivedObject, seen_streams: set[int]) -> None:
+        obj = StoredObject(ev.group, ev.subgroup, ev.object_id, ev.priority, int(ev.status),
+                           ev.properties or b"", ev.payload)
+        try:
+            result = self.store.append(self.key, obj)
+        except ConflictError as e:
+            log.warning("%r is malformed: %s", self, e)
+            self.malformed = True
+            return
+        if ev.stream.source is Source.SUBGROUP:
+            sid = ev.stream.stream_id
+            first = sid not in seen_streams
+            seen_streams.add(sid)
+            if result is AppendResult.STORED or result is AppendResult.NOT_KEPT:
+                header = ev.stream.header
+                assert header is not None
+                for f in list(self.forwarders):
+                    f.offer(sid, header, obj, first)
+        self._bump()
+        if ev.status != ObjectStatus.NORMAL:
+            self.maybe_commit()
+
+    def maybe_commit(self) -> None:
+        """Once End of Track is known, try to persist after every Group-level event: the End
+        of Track Object can overtake the last Groups (they travel on other streams)."""
+        if self.committed or self._on_commit is None:
+            return
+        if self.store.known_final(self.key) is None:
+            return
+        if self._commit_task is not None and not self._commit_task.done():
+            self._commit_again = True
+            return
+        self._commit_task = asyncio.ensure_future(self._commit())
+
+    async def _commit(self) -> None:
+        while self._on_commit is not None and not self.committed:
+            self._commit_again = False
+            await self._on_commit(self)
+            if not self._commit_again:
+                break
+
+    async def _upstream_gone(self, status: int | None, reason: str) -> None:
+        if self.live:
+            return
+        self._bump()
+        if self.store.known_final(self.key) is None and not self.committed:
+            self.store.abort(self.key)  # a track whose publisher failed never reaches LMDB
+        if status is None:
+            code = PublishDoneCode.INTERNAL_ERROR
+            reason = "upstream ended"
+        else:
+            code = PublishDoneCode(status) if status in _PASS_THROUGH \
+                else PublishDoneCode.INTERNAL_ERROR
+        for f in list(self.forwarders):
+            f.upstream_done(code, reason)
+
+    # -- serving ranges from cache (fills and FETCH) ----------------------------------------------
+
+    async def serve_range(self, writer: FetchWriter, start: Location, end: Location,
+                          order: GroupOrder, id_ranges: list[tuple[int, int | None]] | None,
+                          budget: float, upstream_fetch: UpstreamFetch | None,
+                          in_flight_wait: float = 1.0) -> ServeStats:
+        """Write every Object of [start, end] the cache holds or can obtain, in ``order``.
+
+        Unknown spans are waited for (Objects still in flight on the upstream subscription),
+        then fetched upstream (``upstream_fetch``), within ``budget`` seconds (FILL_TIMEOUT);
+        what stays unknown is reported with an End of Range marker (§14.5 step 3), or, where
+        §17 item 20 forbids a marker, by resetting the stream with UNKNOWN_OBJECT_STATUS.
+        """
+        stats = ServeStats()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        last_group: int | None = None  # Group of the last element written
+        attempted: set[tuple[Location, Location]] = set()
+        groups = range(start.group, end.group + 1)
+        if order == GroupOrder.DESCENDING:
+            groups = range(end.group, start.group - 1, -1)
+        for g in groups:
+            lo = start.object if g == start.group else 0
+            hi = end.object if g == end.group else OBJECT_MAX
+            cursor = lo
+            while cursor is not None and cursor <= hi:
+                span, cursor, last_group = await self._serve_group(
+                    writer, g, cursor, hi, id_ranges, stats, last_group)
+                if span is None:
+                    break
+                key = (span.start, span.end)
+                resolved = False
+                if key not in attempted:
+                    attempted.add(key)
+                    resolved = await self._resolve(span, deadline, upstream_fetch, stats,
+                                                   in_flight_wait)
+                if resolved:
+                    cursor = span.start.object
+                    continue
+                timed_out = loop.time() >= deadline
+                kind = EndOfRangeType.TIMED_OUT if timed_out else EndOfRangeType.UNKNOWN
+                if last_group == g:
+                    # §17 item 20: a marker cannot end in the Group of the previous element.
+                    writer.reset(StreamResetCode.UNKNOWN_OBJECT_STATUS)
+                    stats.reset = True
+                    return stats
+                await writer.write_marker(kind, span.end.group, span.end.object)
+                stats.markers += 1
+                last_group = g
+                nxt = span.end.object + 1
+                cursor = nxt if span.end.object < OBJECT_MAX else None
+        return stats
+
+    async def _serve_group(self, writer: FetchWriter, g: int, cursor: int, hi: int,
+                           id_ranges: list[tuple[int, int | None]] | None, stats: ServeStats,
+                           last_group: int | None) -> tuple[Span | None, int | None, int | None]:
+        """Write Group ``g`` from ``cursor`` to ``hi``; stop at the first unknown span."""
+        with self.store.reader() as r:
+            for tier, item in r.walk(self.key, StoreLocation(g, cursor),
+                                     StoreLocation(g, hi), StoreOrder.ASCENDING, id_ranges):
+                if isinstance(item, Span):
+                    if item.kind == SpanKind.NON_EXISTENT:
+                        continue
+                    sp = Span(item.kind, Location(*item.start), Location(*item.end))
+                    return sp, item.start.object, last_group
+                if item.status != ObjectStatus.NORMAL:
+                    continue
+                props = bytes(item.properties) if item.properties else None
+                sub = None if item.datagram else item.subgroup
+                await writer.write_object(item.group, sub, item.object_id, item.priority,
+                                          item.payload, properties=props)
+                stats.objects += 1
+                stats.bytes += len(item.payload)
+                stats.by_tier[tier] = stats.by_tier.get(tier, 0) + 1
+                last_group = g
+        return None, None, last_group
+
+    async def _resolve(self, span: Span, deadline: float, upstream_fetch: UpstreamFetch | None,
+                       stats: ServeStats, in_flight_wait: float) -> bool:
+        """Try to turn an unknown span into known Objects; True if anything changed."""
+        loop = asyncio.get_running_loop()
+        largest = self.largest()
+        if self.live and largest is not None and span.start <= largest:
+            # Objects at or below L may still be in flight on the upstream subscription.
+            wait_until = min(deadline, loop.time() + in_flight_wait)
+            while loop.time() < wait_until:
+                if not await self.wait_change(wait_until - loop.time()):
+                    break
+                if self._span_changed(span):
+                    return True
+        if upstream_fetch is not None and loop.time() < deadline:
+            stats.upstream_fetches += 1
+            try:
+                await asyncio.wait_for(upstream_fetch(self, span.start, span.end),
+                                       max(0.0, deadline - loop.time()))
+            except (TimeoutError, TransportError, SessionClosed):
+                return False
+            return self._span_changed(span)
+        return False
+
+    def _span_changed(self, span: Span) -> bool:
+        with self.store.reader() as r:
+            for _, item in r.walk(self.key, StoreLocation(*span.start),
+                                  StoreLocation(*span.end), StoreOrder.ASCENDING):
+                if not (isinstance(item, Span) and item.kind == SpanKind.UNKNOWN
+                        and tuple(item.start) == tuple(span.start)
+                        and tuple(item.end) == tuple(span.end)):
+                    return True
+        return False
+
+    def append_fetched(self, obj: StoredObject) -> None:
+        """An Object learned from an upstream FETCH (cached like any other, §14.6 step 5)."""
+        try:
+            self.store.append(self.key, obj)
+        except ConflictError as e:
+            log.warning("%r is malformed: %s", self, e)
+            self.malformed = True
+        self._bump()
+
+
+__all__ = ["RelayTrack", "ServeStats", "UpstreamFetch"]
+_ = Any

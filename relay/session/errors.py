@@ -1,0 +1,59 @@
+"""Errors the session layer raises to the layers above."""
+
+from __future__ import annotations
+
+from relay.moqt.codes import RequestErrorCode, publish_done_meaning, request_error_meaning
+from relay.moqt.messages.request import Redirect
+
+
+class SessionFailure(Exception):
+    """Base class of the session layer's errors."""
+
+
+class SessionClosed(SessionFailure):
+    """The MOQT session ended (``code`` is the Session Termination code, or a QUIC one)."""
+
+    def __init__(self, code: int, reason: str = "") -> None:
+        super().__init__(f"session closed (0x{code:x}{': ' + reason if reason else ''})")
+        self.code = code
+        self.reason = reason
+
+
+class RequestRejected(SessionFailure):
+    """The peer answered a request with REQUEST_ERROR."""
+
+    def __init__(self, code: int, reason: str = "", retry_interval: int = 0,
+                 redirect: Redirect | None = None) -> None:
+        meaning = request_error_meaning(code)
+        super().__init__(f"{meaning.name} (0x{code:x}){': ' + reason if reason else ''}")
+        self.code = code
+        self.meaning: RequestErrorCode = meaning
+        self.reason = reason
+        self.retry_interval = retry_interval
+        self.redirect = redirect
+
+
+class RequestCancelled(SessionFailure):
+    """The request stream ended without its required reply (reset, STOP_SENDING or FIN)."""
+
+    def __init__(self, code: int | None = None, what: str = "request") -> None:
+        super().__init__(f"{what} cancelled" + (f" (code 0x{code:x})" if code is not None else ""))
+        self.code = code
+
+
+class StreamAborted(SessionFailure):
+    """A fetch (or fill) stream was reset by the peer with ``code`` (a stream reset code)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"stream reset by peer (code 0x{code:x})")
+        self.code = code
+
+
+class PublishEnded(SessionFailure):
+    """The subscription ended with PUBLISH_DONE before the caller expected it."""
+
+    def __init__(self, status: int, reason: str = "") -> None:
+        name = publish_done_meaning(status).name
+        super().__init__(f"PUBLISH_DONE {name} (0x{status:x}){': ' + reason if reason else ''}")
+        self.status = status
+        self.reason = reason

@@ -1,0 +1,81 @@
+"""One request stream (§1.3, §5): a bidirectional stream carrying one request and its replies."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from typing import TYPE_CHECKING
+
+from relay.moqt.codes import StreamResetCode
+from relay.moqt.control import ControlStreamParser, InvalidRequest, encode_message
+from relay.moqt.messages.base import Message
+from relay.transport import RecvStream, SendStream, StreamReset, TransportError
+
+if TYPE_CHECKING:
+    from .session import MoqtSession
+
+Incoming = Message | InvalidRequest
+
+
+class RequestStream:
+    """Messages in and out of one request stream.
+
+    ``recv`` returns the next message, ``None`` at FIN, and raises ``StreamReset`` when the
+    peer reset its direction. Codec errors (``SessionError``) propagate: the caller's task
+    guard closes the session with their code.
+    """
+
+    __slots__ = ("_parser", "_pending", "_recv_done", "_send_done", "recv_stream", "send_stream",
+                 "session")
+
+    def __init__(self, session: MoqtSession, send: SendStream, recv: RecvStream) -> None:
+        self.session = session
+        self.send_stream = send
+        self.recv_stream = recv
+        self._parser = ControlStreamParser()
+        self._pending: deque[Incoming] = deque()
+        self._send_done = False
+        self._recv_done = False
+
+    @property
+    def stream_id(self) -> int:
+        return self.send_stream.stream_id
+
+    async def send(self, msg: Message, *, fin: bool = False) -> None:
+        if self._send_done:
+            return
+        await self.send_stream.write(encode_message(msg), end_stream=fin)
+        if fin:
+            self._send_done = True
+
+    async def finish(self) -> None:
+        """FIN our direction (idempotent; a closed or stopped stream is left alone)."""
+        if self._send_done:
+            return
+        self._send_done = True
+        with contextlib.suppress(TransportError):
+            await self.send_stream.finish()
+
+    async def recv(self) -> Incoming | None:
+        while not self._pending:
+            if self._recv_done:
+                return None
+            chunk = await self.recv_stream.read()
+            if not chunk:
+                self._recv_done = True
+                self._pending.extend(self._parser.end_of_stream())
+                continue
+            self._pending.extend(self._parser.feed(chunk))
+        return self._pending.popleft()
+
+    def cancel(self, code: int = StreamResetCode.CANCELLED) -> None:
+        """Abort both directions (RESET_STREAM + STOP_SENDING), §5.1."""
+        if not self._send_done:
+            self._send_done = True
+            self.send_stream.reset(code)
+        if not self._recv_done:
+            self._recv_done = True
+            self.recv_stream.stop_sending(code)
+
+
+__all__ = ["Incoming", "RequestStream", "StreamReset"]

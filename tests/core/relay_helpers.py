@@ -1,0 +1,120 @@
+"""Shared pieces of the relay tests: an in-process relay on 127.0.0.1 with LMDB in a temp
+dir, and a test publisher that pushes a Track with PUBLISH."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from relay.core.relay import RelayOptions
+from relay.moqt.codes import ObjectStatus
+from relay.moqt.location_filter import LocationFilter
+from relay.moqt.params import Params
+from relay.moqt.primitives import FullTrackName, Location
+from relay.service import RelayConfig, RunningRelay, start_relay
+from relay.session import (
+    MoqtSession,
+    ReceivedObject,
+    ServedSubscription,
+    StreamEnded,
+    Subscription,
+    SubscriptionDone,
+    open_session,
+)
+
+TIMEOUT = 15.0
+
+
+def make_ns(tag: bytes = b"") -> tuple[bytes, ...]:
+    return (b"kvcs-1", os.urandom(32), os.urandom(32), os.urandom(32) + tag, os.urandom(16))
+
+
+async def relay_at(data_dir: Path, *, upstream: Sequence[str] = (), port: int = 0,
+                   options: RelayOptions | None = None, memory_bytes: int = 256 << 20,
+                   auth_tokens: list[dict[str, object]] | None = None) -> RunningRelay:
+    cfg = RelayConfig(listen_port=port, data_dir=data_dir, upstream=list(upstream),
+                      upstream_insecure=True, memory_bytes=memory_bytes,
+                      lmdb_bytes=256 << 20, options=options or RelayOptions(),
+                      auth_tokens=auth_tokens or [])
+    return await start_relay(cfg)
+
+
+async def client(r: RunningRelay, *, wt: bool = False, **kw: object) -> MoqtSession:
+    url = r.wt_url if wt else r.url
+    return await asyncio.wait_for(open_session(url, ca_file=r.certfile, **kw), TIMEOUT)  # type: ignore[arg-type]
+
+
+def group_payloads(group: int, n: int, size: int = 2000) -> list[bytes]:
+    return [os.urandom(size) + bytes([group % 256, i % 256]) for i in range(n)]
+
+
+@dataclass
+class PushedTrack:
+    """A Track pushed to a relay with PUBLISH, written group by group."""
+
+    session: MoqtSession
+    served: ServedSubscription
+    full_name: FullTrackName
+    layers: int
+    sent: dict[Location, bytes] = field(default_factory=dict)
+
+    def priority(self, g: int) -> int:
+        return (128 * g) // self.layers
+
+    async def group(self, g: int, payloads: list[bytes]) -> None:
+        w = await self.served.open_subgroup(g, 0, self.priority(g))
+        for i, p in enumerate(payloads):
+            await w.write_object(i, p)
+            self.sent[Location(g, i)] = p
+        await w.write_status(len(payloads), ObjectStatus.END_OF_GROUP, fin=True)
+
+    async def end(self) -> None:
+        w = await self.served.open_subgroup(self.layers, 0, 128)
+        await w.write_status(0, ObjectStatus.END_OF_TRACK, fin=True)
+        await self.served.done()
+
+
+async def push_track(session: MoqtSession, full_name: FullTrackName, layers: int,
+                     announce: bool = True) -> PushedTrack:
+    if announce:
+        await asyncio.wait_for(session.publish_namespace(full_name.namespace), TIMEOUT)
+    served = await asyncio.wait_for(session.publish(full_name.namespace, full_name.name),
+                                    TIMEOUT)
+    return PushedTrack(session, served, full_name, layers)
+
+
+def live_params() -> Params:
+    """KVCS live retrieval (kvcs-draft 5.2): Next Object + fill from {0,0}."""
+    return Params(location_filter=LocationFilter.next_object(),
+                  fill=Params(location_filter=LocationFilter.absolute_start(0, 0)))
+
+
+@dataclass
+class Received:
+    objects: dict[Location, bytes] = field(default_factory=dict)
+    duplicates: list[Location] = field(default_factory=list)
+    statuses: dict[Location, int] = field(default_factory=dict)
+    done: SubscriptionDone | None = None
+    resets: list[int] = field(default_factory=list)
+
+
+async def drain(sub: Subscription, until_end_of_track: bool = True) -> Received:
+    """Collect a subscription until PUBLISH_DONE (every Object checked for duplicates)."""
+    got = Received()
+    async for ev in sub:
+        if isinstance(ev, ReceivedObject):
+            if ev.status != ObjectStatus.NORMAL:
+                got.statuses[ev.location] = ev.status
+            elif ev.location in got.objects:
+                got.duplicates.append(ev.location)
+            else:
+                got.objects[ev.location] = bytes(ev.payload)
+        elif isinstance(ev, StreamEnded):
+            if not ev.fin:
+                got.resets.append(ev.reset_code or 0)
+        elif isinstance(ev, SubscriptionDone):
+            got.done = ev
+    return got

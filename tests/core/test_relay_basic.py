@@ -1,0 +1,130 @@
+"""The relay with real sessions on 127.0.0.1: push, fetch, live fan-out, persistence."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+from relay_helpers import (
+    TIMEOUT,
+    client,
+    drain,
+    group_payloads,
+    live_params,
+    make_ns,
+    push_track,
+    relay_at,
+)
+
+from relay.moqt.codes import GroupOrder, ParameterType, RequestErrorCode
+from relay.moqt.location_filter import LocationFilter
+from relay.moqt.params import Params
+from relay.moqt.primitives import FullTrackName, Location
+from relay.moqt.range_filter import Range, RangeFilter
+from relay.session import RequestRejected
+
+
+async def test_pushed_track_outlives_its_publisher_and_a_restart(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=4)
+        for g in range(4):
+            await track.group(g, group_payloads(g, 6))
+        await track.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        await pub.aclose()
+
+        sub = await client(r)
+        resp = await asyncio.wait_for(sub.fetch(name.namespace, name.name), TIMEOUT)
+        assert resp.end_of_track and resp.end_location == Location(4, 0)
+        async with asyncio.timeout(TIMEOUT):
+            got = {e.location: bytes(e.payload) for e in await resp.collect()}
+        assert got == track.sent
+        await sub.aclose()
+    finally:
+        await r.close()
+
+    # restart on the same data directory: LMDB serves the track bit-identical
+    r2 = await relay_at(tmp_path)
+    try:
+        sub = await client(r2)
+        params = Params(location_filter=LocationFilter.absolute_group_end(1, 0, 2),
+                        group_order=GroupOrder.ASCENDING,
+                        range_filters=(RangeFilter(ParameterType.OBJECTID_FILTER, 0,
+                                                   (Range(0, 2),)),))
+        resp = await asyncio.wait_for(sub.fetch(name.namespace, name.name, params), TIMEOUT)
+        assert resp.end_location == Location(2, 6)  # the End of Group of Group 2
+        assert not resp.end_of_track
+        async with asyncio.timeout(TIMEOUT):
+            events = await resp.collect()
+        assert [e.location for e in events] == [Location(g, i) for g in (1, 2) for i in range(3)]
+        assert all(bytes(e.payload) == track.sent[e.location] for e in events)
+        assert r2.relay.counters.get("fetch_objects_lmdb") == 6
+        await sub.aclose()
+    finally:
+        await r2.close()
+
+
+async def test_live_subscribers_joining_at_random_moments_get_everything_once(
+        tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"v.raw.s0")
+    rng = random.Random(7)
+    layers, blocks = 8, 5
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers)
+        subscribers = []
+        joins = sorted(rng.randrange(0, layers * blocks) for _ in range(6))
+        sessions = [await client(r) for _ in joins]
+        step = 0
+        for g in range(layers):
+            payloads = group_payloads(g, blocks)
+            w = await track.served.open_subgroup(g, 0, track.priority(g))
+            for i, p in enumerate(payloads):
+                while joins and joins[0] == step:
+                    joins.pop(0)
+                    s = sessions[len(subscribers)]
+                    subscribers.append(await asyncio.wait_for(
+                        s.subscribe(name.namespace, name.name, live_params()), TIMEOUT))
+                await w.write_object(i, p)
+                track.sent[Location(g, i)] = p
+                step += 1
+            await w.write_status(blocks, 3, fin=True)
+        await track.end()
+        async with asyncio.timeout(TIMEOUT):
+            results = await asyncio.gather(*(drain(s) for s in subscribers))
+        for got in results:
+            assert got.duplicates == []
+            assert got.objects == track.sent
+            assert got.done is not None and got.done.status == 0x2
+        # one upstream subscription (the PUBLISH) whatever the number of subscribers
+        assert r.relay.counters.get("publish_accepted") == 1
+        assert r.relay.counters.get("upstream_subscriptions") == 0
+    finally:
+        await r.close()
+
+
+async def test_subscribe_to_unknown_track_and_fetch_past_the_end_are_refused(
+        tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    try:
+        s = await client(r)
+        ns = make_ns()
+        try:
+            await asyncio.wait_for(s.subscribe(ns, b"k.raw.s0", live_params()), TIMEOUT)
+        except RequestRejected as e:
+            assert e.code == RequestErrorCode.DOES_NOT_EXIST
+        else:
+            raise AssertionError("SUBSCRIBE to a Track nobody publishes was accepted")
+        try:
+            await asyncio.wait_for(s.fetch(ns, b"k.raw.s0"), TIMEOUT)
+        except RequestRejected as e:
+            assert e.code == RequestErrorCode.DOES_NOT_EXIST
+        else:
+            raise AssertionError("FETCH of an unknown Track was accepted")
+    finally:
+        await r.close()

@@ -6,6 +6,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test lint run bench clean
 
+# The relay's listen address and data directory for `make run` (override on the command line).
+LISTEN   ?= 127.0.0.1:4433
+DATA_DIR ?= data
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
@@ -19,6 +23,9 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
+
+run: $(STAMP)
+	$(BIN)/kvcs relay --listen $(LISTEN) --data-dir $(DATA_DIR)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -218,7 +218,7 @@ class Relay:
                     last = RequestRejected(RequestErrorCode.INTERNAL_ERROR, str(e))
                     continue
                 self.counters.inc("upstream_subscriptions")
-                track.upstreams.append(sub)  # live from now on, before ingest first runs
+                track.attach_upstream(sub)
                 src.spawn(track.ingest(sub), "ingest")
                 return None
             return last or RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
@@ -261,6 +261,9 @@ class Relay:
                         track.append_fetched(StoredObject(
                             ev.group, ev.subgroup, ev.object_id, ev.priority, 0,
                             ev.properties or b"", ev.payload))
+                # FIN, no Range filters: what was skipped up to End Location does not exist
+                if resp.end_location is not None:
+                    track.mark_absent(start, min(end, resp.end_location))
                 return True
             except (RequestRejected, StreamAborted, SessionFailure, TransportError) as e:
                 log.info("upstream FETCH for %r failed: %s", track, e)

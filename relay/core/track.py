@@ -85,6 +85,12 @@ class RelayTrack:
         self._on_commit = on_commit
         self.committed = False
         self._commit_task: asyncio.Future[None] | None = None
+        # Locations an upstream fill or FETCH proved absent (its FIN with no Range filters:
+        # skipped Locations do not exist, §10 item 6). Fetch and fill streams carry no Object
+        # Status, so without this a relay fed by them could never tell "the Group ends here"
+        # from "unknown". Only the gaps are recorded, so an Object evicted later is unknown
+        # again, never absent.
+        self.absent: list[tuple[Location, Location]] = []
         self._commit_again = False
 
     def __repr__(self) -> str:
@@ -122,11 +128,16 @@ class RelayTrack:
 
     # -- upstream ---------------------------------------------------------------------------------
 
-    async def ingest(self, sub: Subscription) -> None:
-        """Cache and fan out everything the upstream subscription delivers."""
+    def attach_upstream(self, sub: Subscription) -> None:
+        """Count ``sub`` as live and learn its Largest Object now, before ``ingest`` first
+        runs: a SUBSCRIBE answered in between must see both (§6.3: never report less)."""
         if sub not in self.upstreams:
             self.upstreams.append(sub)
         self.note_largest(sub.largest)
+
+    async def ingest(self, sub: Subscription) -> None:
+        """Cache and fan out everything the upstream subscription delivers."""
+        self.attach_upstream(sub)
         seen_streams: set[int] = set()
         status: int | None = None
         reason = ""
@@ -137,6 +148,10 @@ class RelayTrack:
                 elif isinstance(ev, StreamEnded):
                     sid = ev.stream.stream_id
                     seen_streams.discard(sid)
+                    if ev.stream.source is Source.FILL and ev.fin and sub.largest is not None \
+                            and sub.params.fill is not None:
+                        # our own fill request is {0,0}..L with no Range filters
+                        self.mark_absent(Location(0, 0), sub.largest)
                     if ev.stream.source is Source.SUBGROUP:
                         for f in list(self.forwarders):
                             f.stream_ended(sid, ev.fin)
@@ -274,8 +289,11 @@ class RelayTrack:
                 if isinstance(item, Span):
                     if item.kind == SpanKind.NON_EXISTENT:
                         continue
-                    sp = Span(item.kind, Location(*item.start), Location(*item.end))
-                    return sp, item.start.object, last_group
+                    sp = self._still_unknown(
+                        Span(item.kind, Location(*item.start), Location(*item.end)))
+                    if sp is None:
+                        continue
+                    return sp, sp.start.object, last_group
                 if item.status != ObjectStatus.NORMAL:
                     continue
                 props = bytes(item.properties) if item.properties else None
@@ -312,6 +330,8 @@ class RelayTrack:
         return False
 
     def _span_changed(self, span: Span) -> bool:
+        if self._still_unknown(span) != span:
+            return True
         with self.store.reader() as r:
             for _, item in r.walk(self.key, StoreLocation(*span.start),
                                   StoreLocation(*span.end), StoreOrder.ASCENDING):
@@ -320,6 +340,31 @@ class RelayTrack:
                         and tuple(item.end) == tuple(span.end)):
                     return True
         return False
+
+    def mark_absent(self, start: Location, end: Location) -> None:
+        """Record the gaps of [start, end] as known not to exist (see ``absent``)."""
+        with self.store.reader() as r:
+            for _, item in r.walk(self.key, StoreLocation(*start), StoreLocation(*end),
+                                  StoreOrder.ASCENDING):
+                if isinstance(item, Span) and item.kind == SpanKind.UNKNOWN:
+                    self.absent.append((Location(*item.start), Location(*item.end)))
+        self._bump()
+
+    def _still_unknown(self, span: Span) -> Span | None:
+        """The part of an unknown single-Group span not covered by ``absent`` (from its
+        start); None when all of it is known absent."""
+        start = span.start
+        progressed = True
+        while progressed:
+            progressed = False
+            for a_start, a_end in self.absent:
+                if a_start <= start <= a_end:
+                    if a_end >= span.end:
+                        return None
+                    start = Location(a_end.group, a_end.object + 1) \
+                        if a_end.group == start.group else span.end
+                    progressed = True
+        return Span(span.kind, start, span.end) if start != span.start else span
 
     def append_fetched(self, obj: StoredObject) -> None:
         """An Object learned from an upstream FETCH (cached like any other, §14.6 step 5)."""

@@ -1,0 +1,133 @@
+"""Namespace discovery and relay trees (kvcs-draft 5.1, profile §14.4)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from relay_helpers import (
+    TIMEOUT,
+    client,
+    drain,
+    group_payloads,
+    live_params,
+    make_ns,
+    push_track,
+    relay_at,
+)
+
+from relay.moqt.codes import RequestErrorCode
+from relay.moqt.primitives import FullTrackName
+from relay.session import RequestRejected
+
+
+async def test_subscribe_namespace_sees_present_and_later_publications(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    try:
+        ns1 = make_ns()
+        anchor_prefix = ns1[:4]
+        ns2 = (*anchor_prefix, b"second-publication")
+        other = make_ns()  # another anchor: must not be announced
+        pub1 = await client(r)
+        await asyncio.wait_for(pub1.publish_namespace(ns1), TIMEOUT)
+        await asyncio.wait_for(pub1.publish_namespace(other), TIMEOUT)
+
+        consumer = await client(r)
+        nsub = await asyncio.wait_for(consumer.subscribe_namespace(anchor_prefix), TIMEOUT)
+        it = aiter(nsub)
+        ev = await asyncio.wait_for(anext(it), TIMEOUT)
+        assert ev.active and ev.namespace == ns1 and ev.suffix == (ns1[4],)
+
+        pub2 = await client(r)
+        handle = await asyncio.wait_for(pub2.publish_namespace(ns2), TIMEOUT)
+        ev = await asyncio.wait_for(anext(it), TIMEOUT)
+        assert ev.active and ev.namespace == ns2
+
+        handle.withdraw()
+        ev = await asyncio.wait_for(anext(it), TIMEOUT)
+        assert not ev.active and ev.namespace == ns2
+
+        await pub1.aclose()  # its session ends: its namespaces are done
+        ev = await asyncio.wait_for(anext(it), TIMEOUT)
+        assert not ev.active and ev.namespace == ns1
+
+        # an overlapping prefix on the same session is refused (§2.7)
+        try:
+            await asyncio.wait_for(consumer.subscribe_namespace(anchor_prefix[:2]), TIMEOUT)
+        except RequestRejected as e:
+            assert e.code == RequestErrorCode.PREFIX_OVERLAP
+        else:
+            raise AssertionError("overlapping SUBSCRIBE_NAMESPACE accepted")
+    finally:
+        await r.close()
+
+
+async def test_publisher_to_relay_a_to_relay_b_to_three_subscribers(tmp_path: Path) -> None:
+    a = await relay_at(tmp_path / "a")
+    b = await relay_at(tmp_path / "b", upstream=[a.url])
+    names = [FullTrackName(make_ns(), b"k.raw.s0")]
+    names.append(FullTrackName(names[0].namespace, b"v.raw.s0"))
+    try:
+        pub = await client(a)
+        tracks = [await push_track(pub, n, layers=3, announce=(i == 0))
+                  for i, n in enumerate(names)]
+        await tracks[0].group(0, group_payloads(0, 4))
+        await tracks[1].group(0, group_payloads(0, 4))
+
+        # discovery through the tree: B asks A for the namespace
+        c = await client(b)
+        nsub = await asyncio.wait_for(c.subscribe_namespace(names[0].namespace[:4]), TIMEOUT)
+        ev = await asyncio.wait_for(anext(aiter(nsub)), TIMEOUT)
+        assert ev.namespace == names[0].namespace
+
+        subs_sessions = [await client(b) for _ in range(3)]
+        subs = [[await asyncio.wait_for(s.subscribe(n.namespace, n.name, live_params()),
+                                        TIMEOUT) for n in names] for s in subs_sessions]
+        for g in (1, 2):
+            for t in tracks:
+                await t.group(g, group_payloads(g, 4))
+        for t in tracks:
+            await t.end()
+        async with asyncio.timeout(TIMEOUT):
+            results = await asyncio.gather(*(drain(s) for row in subs for s in row))
+        for i, got in enumerate(results):
+            assert got.duplicates == []
+            missing = sorted(set(tracks[i % 2].sent) - set(got.objects))
+            assert got.objects == tracks[i % 2].sent, (i, missing, got.resets)
+        # A holds exactly one subscription per Track from B, whatever B's fan-out
+        assert b.relay.counters.get("upstream_subscriptions") == len(names)
+        assert a.relay.counters.get("subscriptions") == len(names)
+
+        # B FETCHes what it lacks from A after the publisher has gone
+        await pub.aclose()
+        late = await client(b)
+        resp = await asyncio.wait_for(late.fetch(names[1].namespace, names[1].name), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            got = {e.location: bytes(e.payload) for e in await resp.collect()}
+        assert got == tracks[1].sent
+    finally:
+        await b.close()
+        await a.close()
+
+
+async def test_cold_relay_b_fetches_a_completed_track_through_a(tmp_path: Path) -> None:
+    a = await relay_at(tmp_path / "a")
+    b = await relay_at(tmp_path / "b", upstream=[a.url])
+    name = FullTrackName(make_ns(), b"kv.zstd.s0")
+    try:
+        pub = await client(a)
+        t = await push_track(pub, name, layers=2)
+        for g in range(2):
+            await t.group(g, group_payloads(g, 3))
+        await t.end()
+        assert await a.relay.wait_committed(name, TIMEOUT)
+        await pub.aclose()
+        c = await client(b)
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            got = {e.location: bytes(e.payload) for e in await resp.collect()}
+        assert got == t.sent
+        assert b.relay.counters.get("upstream_fetches") >= 1
+    finally:
+        await b.close()
+        await a.close()

@@ -39,6 +39,7 @@ class RelayConfig:
     lmdb_bytes: int = 8 << 30
     lmdb_max_age: float | None = None
     max_datagram_size: int = 1200
+    send_buffer_bytes: int = 1 << 20
     wt_path: str = "/moq"
     options: RelayOptions = field(default_factory=RelayOptions)
     auth_tokens: list[dict[str, object]] = field(default_factory=list)
@@ -83,7 +84,11 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
     durable = LmdbStore(os.fspath(data / "lmdb"), config.lmdb_bytes,
                         max_age=config.lmdb_max_age)
     store = TieredStore(MemoryStore(config.memory_bytes), durable)
-    settings = QuicSettings(max_datagram_size=config.max_datagram_size)
+    # Small send buffers: Objects waiting for a slow subscriber wait in the relay's
+    # scheduler (in priority order, counted against its backlog bound), not in QUIC's queue.
+    settings = QuicSettings(max_datagram_size=config.max_datagram_size,
+                            send_buffer_high=config.send_buffer_bytes // 2,
+                            connection_send_buffer_high=config.send_buffer_bytes)
     authorizer = Authorizer.from_config(config.auth_tokens)
     upstream = None
     if config.upstream:

@@ -1,1 +1,52 @@
+"""The project's only seam onto aioquic: MOQT byte streams over raw QUIC and WebTransport.
 
+Public API::
+
+    server = await serve(host, port, certfile, keyfile, handler, settings=QuicSettings())
+    conn = await connect("moqt://127.0.0.1:4433/path", ca_file=...)   # or https://…/moq
+    send = await conn.open_uni();  send, recv = await conn.open_bi()
+    incoming = await conn.accept()          # IncomingStream(recv, send|None)
+    await send.write(data); await send.finish(); send.reset(code)
+    data = await recv.read()                # b"" == FIN; raises StreamReset(code)
+    conn.close(code, reason); code, reason = await conn.wait_closed()
+"""
+
+from .client import connect
+from .config import H3_ALPN, MOQT_ALPN, QuicSettings
+from .connection import Connection
+from .errors import (
+    ConnectionClosed,
+    ConnectTimeout,
+    ProtocolNegotiationError,
+    StreamReset,
+    StreamStopped,
+    TransportError,
+)
+from .server import Server, serve
+from .streams import IncomingStream, RecvStream, SendStream
+from .tls import CertificatePaths, ensure_self_signed, fingerprint
+from .webtransport import app_to_wt_error, wt_to_app_error
+
+__all__ = [
+    "H3_ALPN",
+    "MOQT_ALPN",
+    "CertificatePaths",
+    "ConnectTimeout",
+    "Connection",
+    "ConnectionClosed",
+    "IncomingStream",
+    "ProtocolNegotiationError",
+    "QuicSettings",
+    "RecvStream",
+    "SendStream",
+    "Server",
+    "StreamReset",
+    "StreamStopped",
+    "TransportError",
+    "app_to_wt_error",
+    "connect",
+    "ensure_self_signed",
+    "fingerprint",
+    "serve",
+    "wt_to_app_error",
+]

@@ -1,0 +1,79 @@
+"""Dial a MOQT server: ``moqt://`` (raw QUIC) or ``https://`` (WebTransport)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import ssl
+from urllib.parse import urlsplit
+
+from aioquic.quic.connection import QuicConnection
+
+from .config import H3_ALPN, MOQT_ALPN, QuicSettings
+from .connection import Connection
+from .endpoint import Endpoint
+from .errors import ConnectTimeout
+
+log = logging.getLogger(__name__)
+
+
+async def connect(url: str, *, settings: QuicSettings | None = None,
+                  ca_file: str | os.PathLike[str] | None = None, insecure: bool = False,
+                  server_name: str | None = None) -> Connection:
+    """Open a MOQT session to ``url`` and return its :class:`Connection`.
+
+    ``moqt://host[:port]/path?query`` uses raw QUIC with ALPN ``moqt-22``;
+    ``https://host[:port]/path`` uses WebTransport (HTTP/3 extended CONNECT offering
+    ``moqt-22`` in ``WT-Available-Protocols``). The port defaults to 443.
+
+    The server certificate is verified against ``ca_file`` (or the system/certifi
+    store) for ``server_name`` (default: the URL's host). ``insecure=True`` disables
+    verification entirely; use it only for loopback development.
+
+    Raises :class:`ConnectTimeout` after ``settings.connect_timeout`` seconds,
+    :class:`ProtocolNegotiationError` if the server does not speak moqt-22,
+    :class:`ConnectionClosed` if the handshake fails otherwise (e.g. bad certificate),
+    :class:`TransportError` if a WebTransport CONNECT is refused (e.g. 404).
+    """
+    settings = settings or QuicSettings()
+    u = urlsplit(url)
+    if u.scheme == "moqt":
+        alpn = MOQT_ALPN
+    elif u.scheme == "https":
+        alpn = H3_ALPN
+    else:
+        raise ValueError(f"unsupported URL scheme {u.scheme!r} (use moqt:// or https://)")
+    if not u.hostname:
+        raise ValueError(f"no host in {url!r}")
+    host, port = u.hostname, u.port or 443
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    authority = u.netloc.rsplit("@", 1)[-1]
+
+    config = settings.quic_configuration(is_client=True, alpn=[alpn])
+    config.server_name = server_name or host
+    if insecure:
+        log.warning("!!! TLS certificate verification DISABLED for %s — loopback "
+                    "development only, never in production !!!", url)
+        config.verify_mode = ssl.CERT_NONE
+    elif ca_file is not None:
+        config.load_verify_locations(cafile=os.fspath(ca_file))
+
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    family, addr = infos[0][0], infos[0][4]
+    quic = QuicConnection(configuration=config)
+    _, ep = await loop.create_datagram_endpoint(
+        lambda: Endpoint(quic, settings=settings, path=path, authority=authority),
+        local_addr=("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+    ep.connect(addr)
+    try:
+        return await asyncio.wait_for(asyncio.shield(ep._ready), settings.connect_timeout)
+    except TimeoutError:
+        ep._abort()
+        raise ConnectTimeout(f"no MOQT session with {url} within "
+                             f"{settings.connect_timeout:g} s") from None
+    except BaseException:
+        ep._abort()
+        raise

@@ -1,0 +1,104 @@
+"""Transport settings and their translation into an aioquic ``QuicConfiguration``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aioquic.quic.configuration import QuicConfiguration
+
+MOQT_ALPN = "moqt-22"
+H3_ALPN = "h3"
+
+KiB = 1024
+MiB = 1024 * KiB
+
+MAX_DATAGRAM_SIZE_LIMIT = 16384
+"""Largest ``max_datagram_size`` we accept. aioquic writes the Length of every STREAM
+and CRYPTO frame as a 2-byte varint (``push_uint16(len | 0x4000)``), so a frame carrying
+more than 16383 bytes gets a corrupt length and the peer closes the connection with
+FRAME_ENCODING_ERROR ("Failed to parse frame", type 0x0a) — the handshake or the first
+full-size packet dies, which looks like a hang at 30000/60000. Measured on loopback:
+16384 works, 16440 fails. Beyond loopback, stay at or below the path MTU anyway."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuicSettings:
+    """Everything an operator may tune about QUIC for one endpoint.
+
+    The defaults are safe on any path; on loopback or a known-MTU network raise
+    ``max_datagram_size`` first: it is the biggest single throughput lever with aioquic
+    (per-packet Python cost dominates).
+    """
+
+    max_datagram_size: int = 1200
+    """UDP payload size of the QUIC packets we send. 1200 is always safe; use the path
+    MTU minus 48 (e.g. 8952 on a 9000-byte-MTU LAN). The peer's
+    ``max_udp_payload_size`` is not consulted by aioquic, so both ends must agree.
+    Capped at :data:`MAX_DATAGRAM_SIZE_LIMIT` (aioquic cannot encode bigger frames)."""
+
+    max_datagram_frame_size: int = 65536
+    """Advertised DATAGRAM frame size; negotiating RFC 9221 is mandatory for MOQT."""
+
+    idle_timeout: float = 30.0
+    """Seconds without any packet from the peer before the connection is dropped."""
+
+    max_streams_bidi: int = 256
+    """Peer-initiated bidirectional streams allowed at once (request streams)."""
+
+    max_streams_uni: int = 1024
+    """Peer-initiated unidirectional streams allowed at once (subgroup/fetch streams).
+    aioquic returns one credit per closed stream, so these are concurrency limits."""
+
+    max_stream_data: int = 4 * MiB
+    """Receive window per stream: how many bytes the peer may send ahead of what the
+    application has read from that stream. This is the per-stream receive buffer bound."""
+
+    max_data: int = 32 * MiB
+    """Receive window per connection: bytes the peer may send ahead of what the
+    application has read, summed over all streams. Bounds total receive buffering."""
+
+    send_buffer_high: int = 1 * MiB
+    """Per stream: ``write()`` waits while more than this many bytes are queued but not
+    yet sent (flow control or congestion control holding them back)."""
+
+    connection_send_buffer_high: int = 16 * MiB
+    """Per connection: ``write()`` on any stream waits while the unsent bytes of all
+    streams exceed this."""
+
+    keepalive_interval: float | None = 10.0
+    """Send a PING after this many seconds so idle MOQT sessions (a subscriber waiting
+    for a publication) outlive ``idle_timeout``; None disables. aioquic sends none."""
+
+    connect_timeout: float = 10.0
+    """Seconds for the QUIC handshake plus, for WebTransport, the CONNECT exchange."""
+
+    congestion_control: str = "reno"
+    """aioquic congestion controller: "reno" or "cubic"."""
+
+    def __post_init__(self) -> None:
+        if not 1200 <= self.max_datagram_size <= MAX_DATAGRAM_SIZE_LIMIT:
+            raise ValueError(
+                f"max_datagram_size must be in [1200, {MAX_DATAGRAM_SIZE_LIMIT}], "
+                f"got {self.max_datagram_size}")
+        if self.max_streams_bidi < 1 or self.max_streams_uni < 4:
+            raise ValueError("stream limits too small (HTTP/3 needs 3 uni streams itself)")
+        if self.max_stream_data < 16 * KiB or self.max_data < self.max_stream_data:
+            raise ValueError("need max_data >= max_stream_data >= 16 KiB")
+        if self.keepalive_interval is not None and not (
+                0 < self.keepalive_interval < self.idle_timeout):
+            raise ValueError("keepalive_interval must be in (0, idle_timeout)")
+        if self.send_buffer_high < 1:
+            raise ValueError("send_buffer_high must be positive")
+
+    def quic_configuration(self, *, is_client: bool, alpn: list[str]) -> QuicConfiguration:
+        """Return a fresh aioquic configuration (certificates are loaded by the caller)."""
+        return QuicConfiguration(
+            alpn_protocols=list(alpn),
+            is_client=is_client,
+            idle_timeout=self.idle_timeout,
+            max_datagram_size=self.max_datagram_size,
+            max_datagram_frame_size=self.max_datagram_frame_size,
+            max_data=self.max_data,
+            max_stream_data=self.max_stream_data,
+            congestion_control_algorithm=self.congestion_control,
+        )

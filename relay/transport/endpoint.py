@@ -1,0 +1,501 @@
+"""The per-QUIC-connection protocol: aioquic events in, sessions and streams out.
+
+One :class:`Endpoint` exists per QUIC connection. With ALPN ``moqt-22`` it carries
+exactly one :class:`Connection`; with ALPN ``h3`` it runs aioquic's H3Connection and
+carries one Connection per WebTransport session (normally one).
+
+Routing rule for stream events: a stream we know (``_owner``) is handled directly, so
+WebTransport stream data bypasses the HTTP/3 layer after its header. Unknown streams go
+to HTTP/3 only if HTTP/3 is tracking them or they are new peer streams; anything else is
+late data for a stream we already finished and is dropped (feeding it to HTTP/3 would
+be parsed as a fresh stream and could kill the connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3.connection import H3Connection
+from aioquic.h3.events import (
+    DatagramReceived,
+    DataReceived,
+    H3Event,
+    HeadersReceived,
+    WebTransportStreamDataReceived,
+)
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import (
+    ConnectionTerminated,
+    DatagramFrameReceived,
+    HandshakeCompleted,
+    ProtocolNegotiated,
+    QuicEvent,
+    StopSendingReceived,
+    StreamDataReceived,
+    StreamReset,
+)
+
+from ._quic import CreditedQuicConnection, adopt
+from .config import H3_ALPN, MOQT_ALPN, QuicSettings
+from .connection import Connection
+from .errors import ConnectionClosed, ProtocolNegotiationError, TransportError
+from .webtransport import (
+    CAPSULE_CLOSE_WEBTRANSPORT_SESSION,
+    H3_NO_ERROR,
+    HDR_AVAILABLE_PROTOCOLS,
+    HDR_PROTOCOL,
+    WT_SESSION_GONE,
+    CapsuleParser,
+    decode_close_capsule,
+    encode_close_capsule,
+    parse_sf_item,
+    select_protocol,
+    sf_string,
+)
+
+if TYPE_CHECKING:
+    from .server import Server
+
+log = logging.getLogger(__name__)
+
+# TLS alert no_application_protocol (120) as a QUIC CRYPTO_ERROR (0x100 + alert).
+_ALPN_ALERT = 0x100 + 120
+# How long an endpoint whose last WebTransport session ended waits for the peer to
+# finish the CONNECT stream before closing the QUIC connection underneath.
+_WT_LINGER = 1.0
+
+
+class Endpoint(QuicConnectionProtocol):
+    """aioquic protocol for one QUIC connection (client or server side)."""
+
+    def __init__(self, quic: QuicConnection, stream_handler: Any = None, *,
+                 settings: QuicSettings, server: Server | None = None,
+                 path: str = "", authority: str = "") -> None:
+        super().__init__(quic)
+        self._quic: CreditedQuicConnection = adopt(quic, settings)
+        self._settings = settings
+        self._server = server
+        self._is_client = quic.configuration.is_client
+        self._local_bit = 0 if self._is_client else 1
+        self._path = path
+        self._authority = authority
+        self._h3: H3Connection | None = None
+        self._raw: Connection | None = None
+        self._sessions: dict[int, Connection] = {}
+        self._capsules: dict[int, CapsuleParser] = {}
+        self._peer_finished: dict[int, asyncio.Event] = {}
+        self._owner: dict[int, Connection] = {}
+        self._peer_next = {0: 0, 1: 1, 2: 2, 3: 3}
+        self._gaps: set[int] = set()
+        self._queued = 0  # application bytes handed to aioquic (for the connection HWM)
+        self._credit_waiters: list[asyncio.Future[None]] = []
+        self._quic_closed = False
+        self._terminated = asyncio.Event()
+        self._ready: asyncio.Future[Connection] = self._loop.create_future()
+        self._connect_sid: int | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def _sessions_all(self) -> list[Connection]:
+        return [self._raw] if self._raw is not None else list(self._sessions.values())
+
+    async def _open_stream(self, conn: Connection, *, uni: bool) -> int:
+        q = self._quic
+        while True:
+            if conn._close_exc is not None:
+                raise conn._close_exc
+            nxt = q.get_next_available_stream_id(is_unidirectional=uni)
+            limit = q._remote_max_streams_uni if uni else q._remote_max_streams_bidi
+            if nxt // 4 < limit:
+                break
+            # Peer's MAX_STREAMS reached: wait for it to raise the limit (re-checked
+            # after every transmit) rather than let aioquic queue a blocked stream.
+            fut = self._loop.create_future()
+            self._credit_waiters.append(fut)
+            await fut
+        if conn.session_id is None:
+            q.send_stream_data(nxt, b"")  # allocates the stream ID now
+            sid = nxt
+        else:
+            assert self._h3 is not None
+            sid = self._h3.create_webtransport_stream(conn.session_id, is_unidirectional=uni)
+            self._queued += q._streams[sid].sender._buffer_stop  # the WT stream header
+            self._transmit_soon()
+        self._owner[sid] = conn
+        return sid
+
+    def _retire(self, sid: int) -> None:
+        self._owner.pop(sid, None)
+        if self._h3 is not None:
+            # aioquic's H3 never forgets bidi WebTransport streams by itself.
+            self._h3._stream.pop(sid, None)
+
+    def _forget_unsent(self, sid: int, *, reset_by_peer: bool = False) -> None:
+        """Stop counting a stream's unsent bytes towards the connection high-water mark
+        (they will never be sent). ``reset_by_peer``: aioquic already reset the stream
+        in answer to STOP_SENDING, which otherwise marks it as accounted for."""
+        stream = self._quic._streams.get(sid)
+        if stream is not None and (reset_by_peer or stream.sender._reset_error_code is None):
+            self._queued -= stream.sender._buffer_stop - stream.sender.highest_offset
+
+    def _send_datagram(self, conn: Connection, data: bytes) -> None:
+        if conn.session_id is None:
+            self._quic.send_datagram_frame(data)
+        else:
+            assert self._h3 is not None
+            self._h3.send_datagram(conn.session_id, data)
+        self._transmit_soon()
+
+    def _close_session(self, conn: Connection, code: int, reason: str) -> None:
+        exc = ConnectionClosed(code, reason)
+        if conn.session_id is None:
+            self._quic.close(error_code=code, reason_phrase=reason)
+            for sid in conn._on_closed(exc):
+                self._retire(sid)
+            self._wake_credit_waiters()
+        else:
+            self._wt_send_close(conn.session_id, encode_close_capsule(code, reason))
+            self._wt_session_closed(conn, exc)
+        self.transmit()
+
+    # -- WebTransport session plumbing ------------------------------------------------
+
+    def _wt_send_close(self, session_id: int, capsule: bytes) -> None:
+        assert self._h3 is not None
+        try:
+            self._h3.send_data(session_id, capsule, end_stream=True)
+        except Exception:  # stream already ended or reset: nothing more to say
+            log.debug("could not send on CONNECT stream %d", session_id, exc_info=True)
+
+    def _wt_session_closed(self, conn: Connection, exc: ConnectionClosed) -> None:
+        q = self._quic
+        for sid in conn._on_closed(exc):
+            # The WT draft: streams of a terminated session are reset/stopped with
+            # WT_SESSION_GONE.
+            local = (sid & 1) == self._local_bit
+            try:
+                if local or not sid & 2:
+                    self._forget_unsent(sid)
+                    q.reset_stream(sid, WT_SESSION_GONE)
+                if not local or not sid & 2:
+                    q.stop_stream(sid, WT_SESSION_GONE)
+            except ValueError:
+                pass  # aioquic already discarded that direction
+            self._retire(sid)
+        self._wake_credit_waiters()
+        if all(c.closed for c in self._sessions.values()):
+            self._spawn(self._wt_linger(list(self._sessions)))
+
+    async def _wt_linger(self, session_ids: list[int]) -> None:
+        waits = [self._peer_finished.setdefault(s, asyncio.Event()).wait()
+                 for s in session_ids]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*waits), _WT_LINGER)
+        if not self._quic_closed and all(c.closed for c in self._sessions.values()):
+            self._quic.close(error_code=H3_NO_ERROR, reason_phrase="")
+            self.transmit()
+
+    def _wt_peer_finished(self, session_id: int, code: int, reason: str,
+                          application: bool = True) -> None:
+        self._peer_finished.setdefault(session_id, asyncio.Event()).set()
+        conn = self._sessions.get(session_id)
+        if conn is not None and not conn.closed:
+            # Answer with our own FIN on the CONNECT stream, as the WT draft asks.
+            self._wt_send_close(session_id, b"")
+            self._wt_session_closed(conn, ConnectionClosed(code, reason,
+                                                           application=application))
+            self.transmit()
+
+    def _on_capsule_data(self, session_id: int, data: bytes, ended: bool) -> None:
+        parser = self._capsules.setdefault(session_id, CapsuleParser())
+        for ctype, value in parser.feed(data):
+            if ctype == CAPSULE_CLOSE_WEBTRANSPORT_SESSION:
+                try:
+                    code, reason = decode_close_capsule(value)
+                except ValueError:
+                    code, reason = 0, ""
+                self._wt_peer_finished(session_id, code, reason)
+        if ended:
+            # FIN without a CLOSE capsule means code 0 (WT draft).
+            self._wt_peer_finished(session_id, 0, "")
+
+    # -- client side --------------------------------------------------------------------
+
+    def _send_connect(self) -> None:
+        assert self._h3 is not None
+        sid = self._quic.get_next_available_stream_id()
+        self._connect_sid = sid
+        self._h3.send_headers(sid, [
+            (b":method", b"CONNECT"),
+            (b":protocol", b"webtransport"),
+            (b":scheme", b"https"),
+            (b":authority", self._authority.encode()),
+            (b":path", self._path.encode()),
+            (HDR_AVAILABLE_PROTOCOLS, sf_string(MOQT_ALPN)),
+            (b"sec-webtransport-http3-draft02", b"1"),
+        ])
+        self.transmit()
+
+    def _on_connect_response(self, sid: int, headers: list[tuple[bytes, bytes]]) -> None:
+        h = dict(headers)
+        status = h.get(b":status", b"")
+        if status.startswith(b"1"):
+            return  # interim response
+        if status != b"200":
+            self._fail_ready(TransportError(
+                f"WebTransport CONNECT to {self._path!r} refused: HTTP {status.decode()}"))
+            self._quic.close(error_code=H3_NO_ERROR, reason_phrase="")
+            self.transmit()
+            return
+        proto = parse_sf_item(h.get(HDR_PROTOCOL, b""))
+        conn = Connection(self, transport="webtransport", session_id=sid,
+                          path=self._path, authority=self._authority)
+        self._sessions[sid] = conn
+        if proto != MOQT_ALPN:
+            self._fail_ready(ProtocolNegotiationError(
+                f"server selected WT-Protocol {proto!r}, not {MOQT_ALPN!r}"))
+            conn.close(0x15, "version negotiation failed")  # VERSION_NEGOTIATION_FAILED
+            return
+        if not self._ready.done():
+            self._ready.set_result(conn)
+
+    def _fail_ready(self, exc: BaseException) -> None:
+        if not self._ready.done():
+            self._ready.set_exception(exc)
+            self._ready.exception()  # server endpoints never await it: no "never retrieved"
+
+    def _abort(self) -> None:
+        """Drop the client socket without waiting for QUIC's closing period."""
+        if self._is_client and self._transport is not None:
+            self._transport.close()
+        self._terminated.set()
+
+    # -- server side ---------------------------------------------------------------------
+
+    def _on_connect_request(self, sid: int, headers: list[tuple[bytes, bytes]]) -> None:
+        assert self._h3 is not None and self._server is not None
+        h = dict(headers)
+        path = h.get(b":path", b"").decode("utf-8", "replace")
+        if h.get(b":method") != b"CONNECT" or h.get(b":protocol") != b"webtransport":
+            self._respond(sid, b"400")
+            return
+        if path.split("?", 1)[0] != self._server.wt_path:
+            self._respond(sid, b"404")
+            return
+        proto = select_protocol(h.get(HDR_AVAILABLE_PROTOCOLS))
+        if proto is None:
+            # No common MOQT version: refuse rather than guess (WT draft allows either).
+            self._respond(sid, b"400")
+            return
+        self._h3.send_headers(sid, [
+            (b":status", b"200"),
+            (b"sec-webtransport-http3-draft", b"draft02"),
+            (HDR_PROTOCOL, sf_string(proto)),
+        ])
+        conn = Connection(self, transport="webtransport", session_id=sid, path=path,
+                          authority=h.get(b":authority", b"").decode("utf-8", "replace"))
+        self._sessions[sid] = conn
+        self.transmit()
+        self._server._spawn_handler(self, conn)
+
+    def _respond(self, sid: int, status: bytes) -> None:
+        assert self._h3 is not None
+        self._h3.send_headers(sid, [(b":status", status)], end_stream=True)
+        self.transmit()
+
+    # -- aioquic events ------------------------------------------------------------------
+
+    def _is_new_peer_stream(self, sid: int) -> bool:
+        if (sid & 1) == self._local_bit:
+            return False
+        kind = sid & 3
+        nxt = self._peer_next[kind]
+        if sid >= nxt:
+            # aioquic enforces our stream limit, so this range is bounded.
+            self._gaps.update(range(nxt, sid, 4))
+            self._peer_next[kind] = sid + 4
+            return True
+        if sid in self._gaps:
+            self._gaps.discard(sid)
+            return True
+        return False
+
+    def quic_event_received(self, event: QuicEvent) -> None:
+        t = type(event)
+        if t is StreamDataReceived:
+            ev: Any = event
+            owner = self._owner.get(ev.stream_id)
+            if owner is not None:
+                owner._on_stream_data(ev.stream_id, ev.data, ev.end_stream)
+            elif self._h3 is not None:
+                self._to_h3(event, ev.stream_id)
+            elif self._raw is not None and self._is_new_peer_stream(ev.stream_id):
+                self._owner[ev.stream_id] = self._raw
+                self._raw._on_new_stream(ev.stream_id, uni=bool(ev.stream_id & 2))
+                self._raw._on_stream_data(ev.stream_id, ev.data, ev.end_stream)
+        elif t is StreamReset:
+            ev = event
+            owner = self._owner.get(ev.stream_id)
+            if owner is not None:
+                owner._on_stream_reset(ev.stream_id, ev.error_code)
+            elif self._h3 is not None:
+                self._to_h3(event, ev.stream_id)
+                if ev.stream_id in self._sessions:
+                    self._wt_peer_finished(ev.stream_id, ev.error_code, "CONNECT stream reset",
+                                           application=False)
+            elif self._raw is not None and self._is_new_peer_stream(ev.stream_id):
+                # Reset before any data: still surfaced, so accept() order is lossless.
+                self._owner[ev.stream_id] = self._raw
+                self._raw._on_new_stream(ev.stream_id, uni=bool(ev.stream_id & 2))
+                self._raw._on_stream_reset(ev.stream_id, ev.error_code)
+        elif t is StopSendingReceived:
+            ev = event
+            owner = self._owner.get(ev.stream_id)
+            if owner is not None:
+                owner._on_stop_sending(ev.stream_id, ev.error_code)
+            elif self._h3 is not None:
+                self._to_h3(event, ev.stream_id)
+        elif t is DatagramFrameReceived:
+            if self._raw is not None:
+                self._raw._on_datagram(event.data)  # type: ignore[attr-defined]
+            elif self._h3 is not None:
+                for h3ev in self._h3.handle_event(event):
+                    self._h3_event(h3ev)
+        elif t is ProtocolNegotiated:
+            self._on_alpn(event.alpn_protocol)  # type: ignore[attr-defined]
+        elif t is HandshakeCompleted:
+            self._on_handshake()
+        elif t is ConnectionTerminated:
+            self._on_quic_closed(event)  # type: ignore[arg-type]
+            self._terminated.set()
+            if self._is_client and self._transport is not None:
+                self._transport.close()
+
+    def _to_h3(self, event: QuicEvent, sid: int) -> None:
+        assert self._h3 is not None
+        if sid in self._h3._stream or self._is_new_peer_stream(sid):
+            for h3ev in self._h3.handle_event(event):
+                self._h3_event(h3ev)
+
+    def _h3_event(self, ev: H3Event) -> None:
+        if isinstance(ev, WebTransportStreamDataReceived):
+            sid = ev.stream_id
+            assert self._h3 is not None
+            self._h3._stream.pop(sid, None)  # from now on we route this stream ourselves
+            conn = self._sessions.get(ev.session_id)
+            if conn is None or conn.closed:
+                self._reject_stream(sid)
+                return
+            self._owner[sid] = conn
+            conn._on_new_stream(sid, uni=bool(sid & 2))
+            conn._on_stream_data(sid, ev.data, ev.stream_ended)
+        elif isinstance(ev, DataReceived):
+            if ev.stream_id in self._sessions:
+                self._on_capsule_data(ev.stream_id, ev.data, ev.stream_ended)
+        elif isinstance(ev, HeadersReceived):
+            if self._is_client:
+                if ev.stream_id == self._connect_sid and ev.stream_id not in self._sessions:
+                    self._on_connect_response(ev.stream_id, ev.headers)
+            elif ev.stream_id not in self._sessions:
+                self._on_connect_request(ev.stream_id, ev.headers)
+        elif isinstance(ev, DatagramReceived):
+            conn = self._sessions.get(ev.stream_id)
+            if conn is not None and not conn.closed:
+                conn._on_datagram(ev.data)
+
+    def _reject_stream(self, sid: int) -> None:
+        try:
+            self._quic.stop_stream(sid, WT_SESSION_GONE)
+            if not sid & 2:
+                self._quic.reset_stream(sid, WT_SESSION_GONE)
+        except ValueError:
+            pass
+
+    def _on_alpn(self, alpn: str | None) -> None:
+        if alpn == H3_ALPN:
+            self._h3 = H3Connection(self._quic, enable_webtransport=True)
+        elif alpn == MOQT_ALPN:
+            self._raw = Connection(self, transport="quic", path=self._path,
+                                   authority=self._authority)
+
+    def _keepalive(self) -> None:
+        if self._quic_closed:
+            return
+        self._quic.send_ping(0)
+        self.transmit()
+        self._loop.call_later(self._settings.keepalive_interval or 0, self._keepalive)
+
+    def _on_handshake(self) -> None:
+        if self._settings.keepalive_interval:
+            self._loop.call_later(self._settings.keepalive_interval, self._keepalive)
+        if self._is_client:
+            if self._raw is not None:
+                if not self._ready.done():
+                    self._ready.set_result(self._raw)
+            elif self._h3 is not None:
+                self._send_connect()
+            else:
+                self._fail_ready(ProtocolNegotiationError("server selected no known ALPN"))
+        elif self._raw is not None and self._server is not None:
+            self._server._spawn_handler(self, self._raw)
+
+    def _on_quic_closed(self, ev: ConnectionTerminated) -> None:
+        if self._quic_closed:
+            return
+        self._quic_closed = True
+        app = ev.frame_type is None
+        for conn in self._sessions_all():
+            if not conn.closed:
+                exc = ConnectionClosed(ev.error_code, ev.reason_phrase,
+                                       application=app and conn.session_id is None)
+                for sid in conn._on_closed(exc):
+                    self._retire(sid)
+        if ev.error_code == _ALPN_ALERT and not app:
+            self._fail_ready(ProtocolNegotiationError(
+                f"server refused ALPN ({ev.reason_phrase or 'no_application_protocol'})"))
+        else:
+            self._fail_ready(ConnectionClosed(ev.error_code, ev.reason_phrase,
+                                              application=app))
+        self._wake_credit_waiters()
+        for ev_ in self._peer_finished.values():
+            ev_.set()
+
+    # -- I/O hooks -------------------------------------------------------------------------
+
+    def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        super().datagram_received(data, addr)
+        # aioquic reports a peer's CONNECTION_CLOSE only after its draining period
+        # (3 PTO); surface the peer's code and reason now.
+        close = self._quic._close_event
+        if close is not None and not self._quic_closed:
+            self._on_quic_closed(close)
+
+    def transmit(self) -> None:
+        super().transmit()
+        # Everything that unblocks writers (ACKs, MAX_STREAM_DATA, MAX_STREAMS) is
+        # processed right before a transmit, and transmit moves queued bytes to the wire.
+        if self._credit_waiters:
+            self._wake_credit_waiters()
+        if self._raw is not None:
+            if self._raw._blocked:
+                self._raw._wake_writers()
+        else:
+            for conn in self._sessions.values():
+                if conn._blocked:
+                    conn._wake_writers()
+
+    def _wake_credit_waiters(self) -> None:
+        waiters, self._credit_waiters = self._credit_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def _spawn(self, coro: Any) -> None:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

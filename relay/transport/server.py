@@ -1,0 +1,143 @@
+"""One UDP port serving MOQT over raw QUIC (ALPN moqt-22) and over WebTransport (h3)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aioquic.asyncio.server import QuicServer
+from aioquic.quic.connection import QuicConnection
+
+from .config import H3_ALPN, MOQT_ALPN, QuicSettings
+from .connection import Connection
+from .endpoint import Endpoint
+from .errors import ConnectionClosed
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Connection], Awaitable[None]]
+
+INTERNAL_ERROR = 0x1  # MOQT Session Termination code
+
+
+class Server:
+    """A listening endpoint. Create it with :func:`serve`.
+
+    Each accepted session (raw QUIC connection or WebTransport session) is handed to
+    ``handler(conn)`` in its own task. When the handler returns, the session is closed
+    with NO_ERROR if still open; if it raises, with INTERNAL_ERROR.
+    """
+
+    def __init__(self, handler: Handler, settings: QuicSettings, wt_path: str) -> None:
+        self._handler = handler
+        self.settings = settings
+        self.wt_path = wt_path
+        self._udp: QuicServer | None = None
+        self._endpoints: weakref.WeakSet[Endpoint] = weakref.WeakSet()
+        self._connections: set[Connection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port)."""
+        assert self._udp is not None and self._udp._transport is not None
+        sockname = self._udp._transport.get_extra_info("sockname")
+        return sockname[0], sockname[1]
+
+    @property
+    def port(self) -> int:
+        """The bound UDP port (useful when serving on port 0)."""
+        return self.address[1]
+
+    @property
+    def connections(self) -> frozenset[Connection]:
+        """Sessions currently open."""
+        return frozenset(c for c in self._connections if not c.closed)
+
+    def _create_protocol(self, quic: QuicConnection, stream_handler: Any = None) -> Endpoint:
+        ep = Endpoint(quic, settings=self.settings, server=self)
+        self._endpoints.add(ep)
+        return ep
+
+    def _spawn_handler(self, ep: Endpoint, conn: Connection) -> None:
+        if self._closing:
+            conn.close(0, "server shutting down")
+            return
+        self._connections.add(conn)
+        task = asyncio.get_running_loop().create_task(self._run(conn))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, conn: Connection) -> None:
+        try:
+            await self._handler(conn)
+        except ConnectionClosed:
+            pass
+        except asyncio.CancelledError:
+            conn.close(0, "server shutting down")
+            raise
+        except Exception:
+            log.exception("session handler failed for %r", conn)
+            conn.close(INTERNAL_ERROR, "internal error")
+        else:
+            conn.close(0, "")
+        finally:
+            self._connections.discard(conn)
+
+    async def close_all(self, code: int = 0, reason: str = "", grace: float = 1.0) -> None:
+        """Close every open session with ``code``/``reason``; wait up to ``grace`` s
+        for the closes to be delivered (WebTransport needs its capsule acknowledged)."""
+        for conn in list(self._connections):
+            conn.close(code, reason)
+        eps = [ep for ep in self._endpoints if not ep._terminated.is_set()]
+        if eps and grace > 0:
+            waits = [asyncio.ensure_future(ep._terminated.wait()) for ep in eps]
+            _, pending = await asyncio.wait(waits, timeout=grace)
+            for w in pending:
+                w.cancel()
+
+    async def close(self, code: int = 0, reason: str = "server shutting down",
+                    grace: float = 1.0) -> None:
+        """Stop accepting, close all sessions, cancel handlers and release the port."""
+        self._closing = True
+        await self.close_all(code, reason, grace)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=grace)
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
+
+    async def __aenter__(self) -> Server:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def serve(host: str, port: int, certfile: str | os.PathLike[str],
+                keyfile: str | os.PathLike[str], handler: Handler, *,
+                settings: QuicSettings | None = None, wt_path: str = "/moq") -> Server:
+    """Listen on ``host:port`` (UDP) for raw QUIC and WebTransport MOQT sessions.
+
+    Raw QUIC clients negotiate ALPN ``moqt-22``; WebTransport clients negotiate ``h3``
+    and send an extended CONNECT to ``wt_path`` listing ``moqt-22`` in
+    ``WT-Available-Protocols``. Other paths get 404. 0-RTT is never accepted (no session
+    tickets are issued). ``port=0`` picks a free port; read it from :attr:`Server.port`.
+    """
+    settings = settings or QuicSettings()
+    config = settings.quic_configuration(is_client=False, alpn=[MOQT_ALPN, H3_ALPN])
+    config.load_cert_chain(os.fspath(certfile), os.fspath(keyfile))
+    server = Server(handler, settings, wt_path)
+    loop = asyncio.get_running_loop()
+    _, udp = await loop.create_datagram_endpoint(
+        lambda: QuicServer(configuration=config, create_protocol=server._create_protocol),
+        local_addr=(host, port))
+    server._udp = udp
+    return server

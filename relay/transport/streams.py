@@ -1,0 +1,285 @@
+"""Byte streams of one session: identical for raw QUIC and WebTransport."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import ConnectionClosed, StreamReset, StreamStopped, TransportError
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+# Writes larger than the high-water mark are fed to aioquic in slices no smaller than
+# this, so a writer waiting on a nearly-full buffer does not trickle tiny pieces.
+_MIN_SLICE = 64 * 1024
+
+
+class SendStream:
+    """The sending half of a stream (a unidirectional stream or one side of a bidi).
+
+    ``write`` applies backpressure: it waits while this stream (or the whole
+    connection) has more unsent bytes queued than the configured high-water mark, so
+    memory stays bounded by roughly ``send_buffer_high`` plus the bytes in flight.
+    """
+
+    __slots__ = ("_closed", "_conn", "_room", "_stop_code", "_stopped", "stream_id")
+
+    def __init__(self, conn: Connection, stream_id: int) -> None:
+        self._conn = conn
+        self.stream_id = stream_id
+        self._closed = False  # FIN written or reset: no more writes
+        self._stop_code: int | None = None
+        self._stopped: asyncio.Future[int] | None = None
+        self._room: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<SendStream {self.stream_id}>"
+
+    @property
+    def stop_code(self) -> int | None:
+        """The code of a STOP_SENDING received from the peer, or None."""
+        return self._stop_code
+
+    @property
+    def unsent(self) -> int:
+        """Bytes queued in aioquic for this stream but not sent yet."""
+        return self._conn._unsent(self.stream_id)
+
+    async def write(self, data: bytes | bytearray | memoryview, end_stream: bool = False
+                    ) -> None:
+        """Queue ``data`` (and a FIN if ``end_stream``); wait first while over high water.
+
+        Raises :class:`StreamStopped` after a STOP_SENDING from the peer,
+        :class:`ConnectionClosed` when the session is gone.
+        """
+        self._check_writable()
+        n = len(data)
+        high = self._conn._settings.send_buffer_high
+        if n <= high:
+            if not self._has_room():
+                await self._wait_room()
+            self._conn._send_data(self.stream_id, data, end_stream)
+        else:
+            view = memoryview(data)
+            if view.ndim != 1 or view.itemsize != 1:
+                view = view.cast("B")
+            n = view.nbytes
+            pos = 0
+            while pos < n:
+                if not self._has_room():
+                    await self._wait_room()
+                room = max(high - self._conn._unsent(self.stream_id), _MIN_SLICE)
+                end = min(n, pos + room)
+                # A memoryview slice is not a copy; aioquic copies once into its buffer.
+                self._conn._send_data(self.stream_id, view[pos:end],
+                                      end_stream and end == n)
+                pos = end
+        if end_stream:
+            self._closed = True
+            self._conn._send_done(self)
+
+    async def finish(self) -> None:
+        """Send FIN (after everything already written)."""
+        await self.write(b"", end_stream=True)
+
+    def reset(self, code: int) -> None:
+        """Abort sending with RESET_STREAM carrying ``code`` (a MOQT stream reset code)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._conn._reset_stream(self.stream_id, code)
+        self._wake(TransportError("stream was reset locally"))
+        self._conn._send_done(self)
+
+    async def wait_stopped(self) -> int:
+        """Wait for a STOP_SENDING from the peer and return its code."""
+        if self._stop_code is not None:
+            return self._stop_code
+        if self._stopped is None:
+            self._stopped = self._conn._loop.create_future()
+        return await asyncio.shield(self._stopped)
+
+    # -- used by Connection ------------------------------------------------------------
+
+    def _has_room(self) -> bool:
+        conn = self._conn
+        return (conn._unsent(self.stream_id) < conn._settings.send_buffer_high
+                and conn._conn_unsent() < conn._settings.connection_send_buffer_high)
+
+    async def _wait_room(self) -> None:
+        if self._room is not None:
+            raise RuntimeError(f"concurrent write() on stream {self.stream_id}")
+        while not self._has_room():
+            self._room = self._conn._loop.create_future()
+            self._conn._blocked.add(self)
+            try:
+                await self._room
+            finally:
+                self._room = None
+                self._conn._blocked.discard(self)
+            self._check_writable()
+
+    def _check_writable(self) -> None:
+        if self._stop_code is not None:
+            raise StreamStopped(self._stop_code)
+        if self._conn._close_exc is not None:
+            raise self._conn._close_exc
+        if self._closed:
+            raise TransportError(f"stream {self.stream_id} is closed for writing")
+
+    def _wake(self, exc: BaseException | None = None) -> None:
+        fut = self._room
+        if fut is not None and not fut.done():
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(exc)
+
+    def _on_stop_sending(self, code: int) -> None:
+        if self._stop_code is not None:
+            return
+        self._stop_code = code
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(code)
+        self._wake(StreamStopped(code))
+        self._closed = True
+
+    def _on_session_closed(self, exc: ConnectionClosed) -> None:
+        self._closed = True
+        self._wake(exc)
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_exception(exc)
+            self._stopped.exception()  # mark retrieved: nobody may be waiting
+
+
+class RecvStream:
+    """The receiving half of a stream.
+
+    Data is buffered here only up to the stream's receive window: credit
+    (MAX_STREAM_DATA) is returned to the peer as the application reads.
+    """
+
+    __slots__ = ("_buf", "_buffered", "_conn", "_error", "_fin", "_waiter", "stream_id")
+
+    def __init__(self, conn: Connection, stream_id: int) -> None:
+        self._conn = conn
+        self.stream_id = stream_id
+        self._buf: deque[bytes] = deque()
+        self._buffered = 0
+        self._fin = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<RecvStream {self.stream_id}>"
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet read."""
+        return self._buffered
+
+    @property
+    def at_eof(self) -> bool:
+        """True once the FIN has been read."""
+        return self._fin and not self._buf
+
+    async def read(self) -> bytes:
+        """Return the next available bytes; ``b""`` means FIN (end of stream).
+
+        Raises :class:`StreamReset` if the peer reset the stream,
+        :class:`ConnectionClosed` if the session ended before FIN.
+        """
+        while not self._buf:
+            if self._fin:
+                self._conn._recv_done(self)
+                return b""
+            if self._error is not None:
+                raise self._error
+            if self._waiter is not None:
+                raise RuntimeError(f"concurrent read() on stream {self.stream_id}")
+            self._waiter = self._conn._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        buf = self._buf
+        data = buf.popleft() if len(buf) == 1 else b"".join(buf)
+        buf.clear()
+        n = len(data)
+        self._buffered = 0
+        self._conn._consumed(self.stream_id, n)
+        return data
+
+    async def read_all(self, limit: int | None = None) -> bytes:
+        """Read until FIN and return everything (raise TransportError past ``limit``)."""
+        parts: list[bytes] = []
+        total = 0
+        while chunk := await self.read():
+            total += len(chunk)
+            if limit is not None and total > limit:
+                raise TransportError(f"stream {self.stream_id} exceeds {limit} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def stop_sending(self, code: int) -> None:
+        """Ask the peer to stop (STOP_SENDING with ``code``) and drop buffered data."""
+        if self._fin or self._error is not None:
+            return
+        self._conn._stop_stream(self.stream_id, code)
+        self._drop(StreamReset(code))
+
+    # -- used by Connection ------------------------------------------------------------
+
+    def _feed(self, data: bytes, fin: bool) -> None:
+        if self._error is not None:
+            return  # stopped locally: late data is discarded (credit already released)
+        if data:
+            self._buf.append(data)
+            self._buffered += len(data)
+            self._conn._buffered(self.stream_id, len(data))
+        if fin:
+            self._fin = True
+        self._wake()
+
+    def _drop(self, exc: BaseException) -> None:
+        if self._buffered:
+            self._conn._consumed(self.stream_id, self._buffered)
+        self._buf.clear()
+        self._buffered = 0
+        self._error = exc
+        self._wake()
+        self._conn._recv_done(self)
+
+    def _on_reset(self, code: int) -> None:
+        if self._error is None and not self._fin:
+            self._drop(StreamReset(code))
+
+    def _on_session_closed(self, exc: ConnectionClosed) -> None:
+        # Data already received stays readable; only a missing FIN becomes an error.
+        if self._error is None and not self._fin:
+            self._error = exc
+            self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingStream:
+    """A stream opened by the peer: ``send`` is None for a unidirectional stream."""
+
+    recv: RecvStream
+    send: SendStream | None = None
+
+    @property
+    def stream_id(self) -> int:
+        return self.recv.stream_id
+
+    @property
+    def is_bidirectional(self) -> bool:
+        return self.send is not None

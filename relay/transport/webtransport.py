@@ -1,0 +1,138 @@
+"""WebTransport-over-HTTP/3 details that aioquic leaves to the application.
+
+aioquic's H3Connection parses WebTransport streams and datagrams, but the session
+protocol on top (version negotiation headers, capsules on the CONNECT stream, the
+stream error-code mapping) is ours. Pure functions only; the event handling lives in
+:mod:`relay.transport.endpoint`.
+"""
+
+from __future__ import annotations
+
+from aioquic.buffer import Buffer, BufferReadError, encode_uint_var
+
+from .config import MOQT_ALPN
+
+# draft-ietf-webtrans-http3: application error codes live in a reserved HTTP/3 range,
+# skipping the GREASE code points (one every 0x1f).
+WT_APP_ERROR_FIRST = 0x52E4A40FA8DB
+WT_APP_ERROR_LAST = 0x52E5AC983162
+WT_SESSION_GONE = 0x170D7B68
+H3_NO_ERROR = 0x100
+
+CAPSULE_CLOSE_WEBTRANSPORT_SESSION = 0x2843
+CAPSULE_DRAIN_WEBTRANSPORT_SESSION = 0x78AE
+MAX_CLOSE_REASON = 1024  # bytes; the draft's limit on the capsule's message
+
+HDR_AVAILABLE_PROTOCOLS = b"wt-available-protocols"
+HDR_PROTOCOL = b"wt-protocol"
+
+
+def app_to_wt_error(code: int) -> int:
+    """Map a 32-bit application (MOQT) stream error code into the WT HTTP/3 range."""
+    if not 0 <= code <= 0xFFFFFFFF:
+        raise ValueError(f"WebTransport stream error codes are 32-bit, got {code:#x}")
+    return WT_APP_ERROR_FIRST + code + code // 0x1E
+
+
+def wt_to_app_error(code: int) -> int | None:
+    """Inverse of :func:`app_to_wt_error`; None for codes outside the WT range/GREASE."""
+    if not WT_APP_ERROR_FIRST <= code <= WT_APP_ERROR_LAST or (code - 0x21) % 0x1F == 0:
+        return None
+    shifted = code - WT_APP_ERROR_FIRST
+    return shifted - shifted // 0x1F
+
+
+def encode_close_capsule(code: int, reason: str) -> bytes:
+    """CLOSE_WEBTRANSPORT_SESSION capsule: 32-bit code then the UTF-8 reason."""
+    msg = reason.encode("utf-8")[:MAX_CLOSE_REASON]
+    value = (code & 0xFFFFFFFF).to_bytes(4, "big") + msg
+    return (encode_uint_var(CAPSULE_CLOSE_WEBTRANSPORT_SESSION)
+            + encode_uint_var(len(value)) + value)
+
+
+class CapsuleParser:
+    """Incremental capsule parser for the CONNECT stream's DATA payload."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """Return the complete (type, value) capsules now available."""
+        self._buf += data
+        out: list[tuple[int, bytes]] = []
+        while self._buf:
+            buf = Buffer(data=self._buf)
+            try:
+                ctype = buf.pull_uint_var()
+                length = buf.pull_uint_var()
+            except BufferReadError:
+                break
+            start = buf.tell()
+            if len(self._buf) - start < length:
+                break
+            out.append((ctype, self._buf[start:start + length]))
+            self._buf = self._buf[start + length:]
+        return out
+
+
+def decode_close_capsule(value: bytes) -> tuple[int, str]:
+    """Return (code, reason) from a CLOSE_WEBTRANSPORT_SESSION capsule value."""
+    if len(value) < 4:
+        raise ValueError("CLOSE_WEBTRANSPORT_SESSION capsule shorter than 4 bytes")
+    return int.from_bytes(value[:4], "big"), value[4:].decode("utf-8", "replace")
+
+
+def sf_string(value: str) -> bytes:
+    """Serialise a Structured Field sf-string (RFC 8941 3.3.3)."""
+    return b'"' + value.replace("\\", "\\\\").replace('"', '\\"').encode("ascii") + b'"'
+
+
+def parse_sf_list(value: bytes) -> list[str]:
+    """Parse a Structured Field list of strings/tokens, ignoring parameters.
+
+    Lenient on purpose: bare tokens (``moqt-22``) are accepted as well as sf-strings
+    (``"moqt-22"``), since early WebTransport implementations sent either.
+    """
+    items: list[str] = []
+    text = value.decode("ascii", "replace")
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i] in " \t,":
+            i += 1
+        if i >= n:
+            break
+        if text[i] == '"':
+            i += 1
+            chars: list[str] = []
+            while i < n and text[i] != '"':
+                if text[i] == "\\" and i + 1 < n:
+                    i += 1
+                chars.append(text[i])
+                i += 1
+            items.append("".join(chars))
+            i += 1
+        else:
+            start = i
+            while i < n and text[i] not in ",; \t":
+                i += 1
+            items.append(text[start:i])
+        # skip parameters (";key=value") up to the next comma
+        while i < n and text[i] != ",":
+            if text[i] == '"':
+                i = text.find('"', i + 1) + 1 or n
+            else:
+                i += 1
+    return items
+
+
+def parse_sf_item(value: bytes) -> str | None:
+    """Parse a single sf-string or token (``WT-Protocol``); None if empty."""
+    items = parse_sf_list(value)
+    return items[0] if items else None
+
+
+def select_protocol(offered: bytes | None) -> str | None:
+    """The protocol the server selects from a ``WT-Available-Protocols`` value."""
+    if offered is None:
+        return None
+    return MOQT_ALPN if MOQT_ALPN in parse_sf_list(offered) else None

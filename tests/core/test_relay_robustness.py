@@ -1,0 +1,195 @@
+"""Bad input, slow subscribers, authorization, and payload agnosticism."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from relay_helpers import (
+    TIMEOUT,
+    Received,
+    client,
+    drain,
+    group_payloads,
+    live_params,
+    make_ns,
+    push_track,
+    relay_at,
+)
+
+from relay.core.relay import RelayOptions
+from relay.moqt.codes import ObjectStatus, RequestErrorCode, SessionErrorCode
+from relay.moqt.params import Params
+from relay.moqt.primitives import FullTrackName
+from relay.moqt.token import Token
+from relay.session import ReceivedObject, RequestRejected, SessionConfig, SubscriptionDone
+from relay.transport import QuicSettings, connect
+
+
+async def _raw_peer(url: str, cert: Path, control: bytes) -> tuple[int, str]:
+    """Open a raw QUIC connection, send ``control`` bytes as the control stream, and return
+    how the relay closed the session."""
+    conn = await asyncio.wait_for(connect(url, ca_file=cert), TIMEOUT)
+    s = await conn.open_uni()
+    await s.write(control)
+    return await asyncio.wait_for(conn.wait_closed(), TIMEOUT)
+
+
+async def test_malformed_sessions_are_closed_with_the_spec_code_and_others_keep_working(
+        tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=2)
+        await track.group(0, group_payloads(0, 3))
+        # SETUP whose Length is one byte short of its body (§3): PROTOCOL_VIOLATION
+        code, _ = await _raw_peer(r.url, r.certfile, b"\xaf\x00\x00\x01\x06\x08")
+        assert code == SessionErrorCode.PROTOCOL_VIOLATION
+        # an unknown message type on the control stream after SETUP
+        code, _ = await _raw_peer(r.url, r.certfile, b"\xaf\x00\x00\x00" + b"\x3f\x00\x00")
+        assert code == SessionErrorCode.PROTOCOL_VIOLATION
+        # an unknown unidirectional stream type
+        conn = await asyncio.wait_for(connect(r.url, ca_file=r.certfile), TIMEOUT)
+        ctl = await conn.open_uni()
+        await ctl.write(b"\xaf\x00\x00\x00")
+        bad = await conn.open_uni()
+        await bad.write(b"\x7f\xff")
+        code, _ = await asyncio.wait_for(conn.wait_closed(), TIMEOUT)
+        assert code == SessionErrorCode.PROTOCOL_VIOLATION
+
+        # the publisher's session, and the cache, are intact
+        await track.group(1, group_payloads(1, 3))
+        await track.end()
+        sub = await client(r)
+        resp = await asyncio.wait_for(sub.fetch(name.namespace, name.name), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            got = {e.location: bytes(e.payload) for e in await resp.collect()}
+        assert got == track.sent
+        assert not pub.closed
+    finally:
+        await r.close()
+
+
+async def test_a_stalled_subscriber_is_ended_too_far_behind_and_others_keep_going(
+        tmp_path: Path) -> None:
+    r = await relay_at(tmp_path, options=RelayOptions(max_backlog_bytes=512 * 1024))
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=24)
+        # the stalled one reads nothing: its receive queue and small QUIC windows fill up
+        stalled = await client(r, config=SessionConfig(receive_queue=4),
+                               settings=QuicSettings(max_data=256 * 1024,
+                                                     max_stream_data=128 * 1024))
+        stalled_sub = await asyncio.wait_for(
+            stalled.subscribe(name.namespace, name.name, live_params()), TIMEOUT)
+        normal = await client(r)
+        normal_sub = await asyncio.wait_for(
+            normal.subscribe(name.namespace, name.name, live_params()), TIMEOUT)
+        progress: list[int] = [0]
+        advanced = asyncio.Event()
+
+        async def collect() -> Received:
+            got = Received()
+            async for ev in normal_sub:
+                if isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
+                    got.objects[ev.location] = bytes(ev.payload)
+                    progress[0] += 1
+                    advanced.set()
+                elif isinstance(ev, SubscriptionDone):
+                    got.done = ev
+            return got
+
+        collector = asyncio.ensure_future(collect())
+        for g in range(24):
+            # pace the publisher on the normal subscriber (no more than two layers ahead)
+            async with asyncio.timeout(TIMEOUT):
+                while progress[0] < (g - 2) * 8:
+                    advanced.clear()
+                    await advanced.wait()
+            await track.group(g, group_payloads(g, 8, size=32 * 1024))
+        await track.end()
+        async with asyncio.timeout(TIMEOUT):
+            got = await collector
+        assert got.objects == track.sent
+        assert got.done is not None and got.done.status == 0x2  # TRACK_ENDED
+        async with asyncio.timeout(TIMEOUT):
+            slow = await drain(stalled_sub)
+        assert slow.done is not None and slow.done.status == 0x5  # TOO_FAR_BEHIND
+        assert len(slow.objects) < len(track.sent)
+    finally:
+        await r.close()
+
+
+async def test_tokens_limit_scopes_and_namespace_answers(tmp_path: Path) -> None:
+    scope_a, scope_b = os.urandom(32), os.urandom(32)
+    tokens: list[dict[str, object]] = [
+        {"token": "pub-a", "prefixes": [f"kvcs-1/hex:{scope_a.hex()}"],
+         "roles": ["publish"]},
+        {"token": "sub-a", "prefixes": [f"kvcs-1/hex:{scope_a.hex()}"],
+         "roles": ["subscribe"]},
+    ]
+    r = await relay_at(tmp_path, auth_tokens=tokens)
+    ns_a = (b"kvcs-1", scope_a, b"c" * 32, b"a" * 32, b"p" * 16)
+    ns_b = (b"kvcs-1", scope_b, b"c" * 32, b"a" * 32, b"p" * 16)
+    try:
+        def tok(v: str) -> Params:
+            return Params(authorization_tokens=(Token.use_value(v.encode()),))
+
+        pub = await client(r)
+        await asyncio.wait_for(pub.publish_namespace(ns_a, tok("pub-a")), TIMEOUT)
+        for ns, params in ((ns_b, tok("pub-a")), (ns_a, tok("sub-a")), (ns_a, Params())):
+            try:
+                await asyncio.wait_for(pub.publish_namespace(ns, params), TIMEOUT)
+            except RequestRejected as e:
+                assert e.code == RequestErrorCode.UNAUTHORIZED
+            else:
+                raise AssertionError(f"PUBLISH_NAMESPACE {ns[1].hex()[:8]} accepted")
+        sub = await client(r)
+        try:
+            await asyncio.wait_for(sub.subscribe_namespace((b"kvcs-1", scope_b), tok("sub-a")),
+                                   TIMEOUT)
+        except RequestRejected as e:
+            assert e.code == RequestErrorCode.UNAUTHORIZED
+        else:
+            raise AssertionError("SUBSCRIBE_NAMESPACE outside the scope accepted")
+        nsub = await asyncio.wait_for(sub.subscribe_namespace((b"kvcs-1",), tok("sub-a")),
+                                      TIMEOUT)
+        ev = await asyncio.wait_for(anext(aiter(nsub)), TIMEOUT)
+        assert ev.namespace == ns_a
+        assert r.relay.counters.get("auth_failures") == 4
+    finally:
+        await r.close()
+
+
+async def test_random_payloads_pass_bit_identical(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName((b"not-kvcs", os.urandom(7)), os.urandom(12))
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=3)
+        sub_s = await client(r, wt=True)
+        sub = await asyncio.wait_for(sub_s.subscribe(name.namespace, name.name, live_params()),
+                                     TIMEOUT)
+        for g in range(3):
+            sizes = [0, 1, 127, 128, 16383, 16384, 70000]
+            await track.group(g, [os.urandom(n) for n in sizes])
+        await track.end()
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        assert got.objects == track.sent
+    finally:
+        await r.close()
+
+
+def test_the_relay_never_imports_the_kvcs_library() -> None:
+    code = ("import sys, relay.service, relay.core.relay, relay.cli; "
+            "bad = [m for m in sys.modules if m.startswith('relay.kvcs') or "
+            "m.startswith('relay.peers')]; print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

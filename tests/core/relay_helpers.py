@@ -34,9 +34,11 @@ def make_ns(tag: bytes = b"") -> tuple[bytes, ...]:
 
 async def relay_at(data_dir: Path, *, upstream: Sequence[str] = (), port: int = 0,
                    options: RelayOptions | None = None, memory_bytes: int = 256 << 20,
-                   auth_tokens: list[dict[str, object]] | None = None) -> RunningRelay:
-    cfg = RelayConfig(listen_port=port, data_dir=data_dir, upstream=list(upstream),
-                      upstream_insecure=True, memory_bytes=memory_bytes,
+                   auth_tokens: list[dict[str, object]] | None = None,
+                   send_buffer_bytes: int = 1 << 20) -> RunningRelay:
+    cfg = RelayConfig(send_buffer_bytes=send_buffer_bytes, listen_port=port,
+                      data_dir=data_dir, upstream=list(upstream), upstream_insecure=True,
+                      memory_bytes=memory_bytes,
                       lmdb_bytes=256 << 20, options=options or RelayOptions(),
                       auth_tokens=auth_tokens or [])
     return await start_relay(cfg)
@@ -118,3 +120,16 @@ async def drain(sub: Subscription, until_end_of_track: bool = True) -> Received:
         elif isinstance(ev, SubscriptionDone):
             got.done = ev
     return got
+
+
+async def wait_cached(running: RunningRelay, name: FullTrackName, loc: Location) -> None:
+    """Until the relay's Largest Object for ``name`` reaches ``loc`` (event-driven)."""
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            track = running.relay.tracks.get(name)
+            if track is not None and (track.largest() or Location(0, 0)) >= loc:
+                return
+            if track is None:
+                await asyncio.sleep(0)
+            else:
+                await track.wait_change(TIMEOUT)

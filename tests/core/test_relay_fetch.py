@@ -1,0 +1,106 @@
+"""FETCH from the relay's cache: Range-filter limits, unknown ranges reported with End of Range
+markers, and concurrent upstream misses coalesced into one upstream FETCH (§14.6, §14.7)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from relay_helpers import (
+    TIMEOUT,
+    client,
+    group_payloads,
+    make_ns,
+    push_track,
+    relay_at,
+    wait_cached,
+)
+
+from relay.moqt.codes import EndOfRangeType, ParameterType, RequestErrorCode
+from relay.moqt.location_filter import LocationFilter
+from relay.moqt.params import Params
+from relay.moqt.primitives import FullTrackName, Location
+from relay.moqt.range_filter import Range, RangeFilter
+from relay.session import RangeMarker, ReceivedObject, RequestRejected
+
+
+async def test_objectid_filter_limit_is_enforced(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=1)
+        await t.group(0, group_payloads(0, 40, size=100))
+        c = await client(r)
+        assert c.peer_max_filter_ranges == 16
+        ranges = tuple(Range(2 * i, 2 * i) for i in range(17))
+        try:
+            await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                range_filters=(RangeFilter(ParameterType.OBJECTID_FILTER, 0, ranges),))),
+                TIMEOUT)
+        except RequestRejected as e:
+            assert e.code == RequestErrorCode.INVALID_FILTER
+        else:
+            raise AssertionError("17 ranges accepted with MAX_FILTER_RANGES 16")
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+            range_filters=(RangeFilter(ParameterType.OBJECTID_FILTER, 0, ranges[:16]),))),
+            TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            got = [e.location for e in await resp.collect()]
+        assert got == [Location(0, 2 * i) for i in range(16)]
+    finally:
+        await r.close()
+
+
+async def test_evicted_groups_are_reported_unknown_never_skipped(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=4)
+        for g in range(4):
+            await t.group(g, group_payloads(g, 3))
+        await wait_cached(r, name, Location(3, 3))
+        await pub.aclose()  # no upstream left to ask
+        track = r.relay.tracks[name]
+        assert r.store.memory.discard_group(track.key, 1)
+        assert r.store.memory.discard_group(track.key, 2)
+        c = await client(r)
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_start(0, 0), fill_timeout=200)), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            events = await resp.collect()
+        objs = [e.location for e in events if isinstance(e, ReceivedObject)]
+        marks = [e for e in events if isinstance(e, RangeMarker)]
+        assert objs == [Location(g, i) for g in (0, 3) for i in range(3)]
+        assert len(marks) >= 1
+        assert all(m.type in (EndOfRangeType.UNKNOWN, EndOfRangeType.TIMED_OUT) for m in marks)
+        assert marks[-1].end.group == 2  # the unknown span covers Groups 1 and 2
+    finally:
+        await r.close()
+
+
+async def test_concurrent_misses_share_one_upstream_fetch(tmp_path: Path) -> None:
+    a = await relay_at(tmp_path / "a")
+    b = await relay_at(tmp_path / "b", upstream=[a.url])
+    name = FullTrackName(make_ns(), b"v.raw.s0")
+    try:
+        pub = await client(a)
+        t = await push_track(pub, name, layers=2)
+        for g in range(2):
+            await t.group(g, group_payloads(g, 4))
+        await t.end()
+        assert await a.relay.wait_committed(name, TIMEOUT)
+        await pub.aclose()
+        clients = [await client(b) for _ in range(5)]
+        resps = await asyncio.wait_for(asyncio.gather(
+            *(c.fetch(name.namespace, name.name) for c in clients)), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            results = await asyncio.gather(*(x.collect() for x in resps))
+        for events in results:
+            assert {e.location: bytes(e.payload) for e in events} == t.sent
+        assert b.relay.counters.get("upstream_fetches") == 1
+        assert a.relay.counters.get("fetches") == 1
+    finally:
+        await b.close()
+        await a.close()

@@ -79,6 +79,7 @@ class Forwarder:
         self._done_reason = ""
         self.objects_sent = 0
         self.bytes_sent = 0
+        self.counters: Any = None  # the Relay's Counters (objects sent, too far behind)
 
     def attach(self, served: ServedSubscription) -> None:
         self.served = served
@@ -187,6 +188,9 @@ class Forwarder:
             await w.write_object(obj.object_id, obj.payload, properties=props)
             self.objects_sent += 1
             self.bytes_sent += len(obj.payload)
+            if self.counters is not None:
+                self.counters.inc("objects_sent")
+                self.counters.inc("bytes_sent", len(obj.payload))
         else:
             await w.write_status(obj.object_id, ObjectStatus(obj.status))
 
@@ -227,6 +231,8 @@ class Forwarder:
 
     def too_far_behind(self) -> None:
         log.info("a subscription is too far behind (%d bytes queued): ending it", self.backlog)
+        if self.counters is not None:
+            self.counters.inc("too_far_behind")
         self.close()
         for down in self._streams.values():
             if down.writer is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,9 +78,23 @@ class Counters:
     """Plain counters; the metrics module exports them."""
 
     values: dict[str, int] = field(default_factory=dict)
+    # Histograms the metrics module registers by name (latency samples; none: not recorded).
+    observers: dict[str, Callable[[float], None]] = field(default_factory=dict)
 
     def inc(self, name: str, n: int = 1) -> None:
         self.values[name] = self.values.get(name, 0) + n
+
+    def observe(self, name: str, value: float) -> None:
+        fn = self.observers.get(name)
+        if fn is not None:
+            fn(value)
+
+    def served(self, what: str, stats: Any, started: float) -> None:
+        """A fill or FETCH (``what``) ended: its bytes, cache misses and latency."""
+        self.inc(f"{what}_bytes", stats.bytes)
+        self.inc(f"{what}_upstream_lookups", stats.upstream_fetches)
+        self.inc(f"{what}_unknown_ranges", stats.markers + int(stats.reset))
+        self.observe(f"{what}_seconds", asyncio.get_running_loop().time() - started)
 
     def get(self, name: str) -> int:
         return self.values.get(name, 0)
@@ -123,9 +137,11 @@ class Relay:
         handler.attach(session)
         self.sessions.add(session)
         self.counters.inc("sessions_accepted")
+        self.counters.inc(f"sessions_accepted_{conn.transport}")
         log.info("session open: %s %s", conn.transport, conn.remote_address)
         try:
             code, reason = await session.wait_closed()
+            self.counters.inc(f"sessions_closed_{conn.transport}_{code}")
             log.info("session closed: code 0x%x %s", code, reason)
         finally:
             self.sessions.discard(session)
@@ -137,6 +153,7 @@ class Relay:
         t = self.tracks.get(name)
         if t is None:
             t = self.tracks[name] = RelayTrack(name, self.store, self._commit)
+            t.counters = self.counters
         return t
 
     async def _commit(self, track: RelayTrack) -> None:
@@ -258,6 +275,7 @@ class Relay:
                 track.note_largest(resp.end_location)
                 async for ev in resp:
                     if isinstance(ev, ReceivedObject):
+                        self.counters.inc("upstream_fetch_objects")
                         track.append_fetched(StoredObject(
                             ev.group, ev.subgroup, ev.object_id, ev.priority, 0,
                             ev.properties or b"", ev.payload))
@@ -347,6 +365,9 @@ class RelayHandler(SessionHandler):
 
     def attach(self, session: MoqtSession) -> None:
         self.session = session
+
+    def answered(self, req: Any, code: int | None) -> None:
+        self.relay.counters.inc(f"request_{req.TYPE.name}_{'ok' if code is None else code}")
 
     def _sess(self, req: Any) -> MoqtSession:
         return req.session  # type: ignore[no-any-return]
@@ -453,6 +474,8 @@ class RelayHandler(SessionHandler):
             fwd.close()
             raise
         fwd.attach(served)
+        served.on_update = lambda msg: self._on_update(track, served, fwd, msg)
+        fwd.counters = relay.counters
         relay.counters.inc("subscriptions")
         if not track.live:  # the upstream ended while we answered
             fwd.upstream_done(0x2, "track ended")
@@ -461,8 +484,35 @@ class RelayHandler(SessionHandler):
             session.spawn(self._serve_fill(track, served, params, largest), "fill")
         await fwd.wait_finished(served.cancelled)
 
+    async def _on_update(self, track: RelayTrack, served: Any, fwd: Forwarder,
+                         msg: Any) -> Params:
+        """REQUEST_UPDATE on a downstream subscription (§7.5): Forward and priority changes
+        apply to the Forwarder; a new Location filter moves its window; FILL_PARAMETERS opens
+        a fill carrying the update's Request ID (§9.1)."""
+        p: Params = msg.params
+        largest = track.largest()
+        if p.forward is not None:
+            fwd.forward = p.forward
+        if p.subscriber_priority is not None:
+            fwd.subscriber_priority = p.subscriber_priority
+        if p.location_filter is not None:
+            lf = None if p.location_filter.type == LocationFilterType.NONE else p.location_filter
+            live = resolve_subscription_range(lf, largest)
+            fwd.start, fwd.end = live.start, live.end
+        if p.fill is not None and largest is not None and served.forward:
+            merged = Params(location_filter=p.location_filter or served.params.location_filter,
+                            group_order=served.params.group_order, fill=p.fill,
+                            range_filters=served.params.range_filters)
+            self._sess_of(served).spawn(
+                self._serve_fill(track, served, merged, largest, msg.request_id), "fill")
+        return Params(largest_object=largest)
+
+    @staticmethod
+    def _sess_of(served: Any) -> MoqtSession:
+        return served.session  # type: ignore[no-any-return]
+
     async def _serve_fill(self, track: RelayTrack, served: Any, params: Params,
-                          largest: Location) -> None:
+                          largest: Location, request_id: int | None = None) -> None:
         fill = params.fill
         assert fill is not None
         lf = fill.location_filter if fill.location_filter is not None else params.location_filter
@@ -476,8 +526,10 @@ class RelayHandler(SessionHandler):
         timeout = fill.fill_timeout / 1000 if fill.fill_timeout is not None \
             else self.relay.options.default_fill_timeout
         lease = track.store.pin(track.key, rng.start.group, rng.end.group)
+        started = asyncio.get_running_loop().time()
+        self.relay.counters.inc("fills_active")
         try:
-            writer = await served.open_fill(group_order=order)
+            writer = await served.open_fill(request_id, group_order=order)
             stats = await track.serve_range(writer, rng.start, rng.end, order,
                                             _id_ranges(merged), timeout,
                                             self.relay.fetch_upstream,
@@ -485,9 +537,11 @@ class RelayHandler(SessionHandler):
             if not stats.reset:
                 await writer.finish()
             self._count_tiers("fill", stats.by_tier)
+            self.relay.counters.served("fill", stats, started)
         except TransportError:
             pass
         finally:
+            self.relay.counters.inc("fills_active", -1)
             lease.release()
 
     def _count_tiers(self, what: str, by_tier: dict[Tier, int]) -> None:
@@ -533,10 +587,12 @@ class RelayHandler(SessionHandler):
         final = track.store.known_final(track.key)
         end_of_track = final is not None and Location(final.group, final.object) <= end and \
             end >= largest
+        started = asyncio.get_running_loop().time()
         writer = await req.accept(end_of_track, end)
         timeout = params.fill_timeout / 1000 if params.fill_timeout is not None \
             else relay.options.default_fill_timeout
         lease = track.store.pin(track.key, rng.start.group, end.group)
+        relay.counters.inc("fetches_active")
         try:
             stats = await track.serve_range(writer, rng.start, end, req.group_order,
                                             _id_ranges(params), timeout, relay.fetch_upstream,
@@ -545,9 +601,11 @@ class RelayHandler(SessionHandler):
                 await writer.finish()
             relay.counters.inc("fetches")
             self._count_tiers("fetch", stats.by_tier)
+            relay.counters.served("fetch", stats, started)
         except TransportError:
             pass
         finally:
+            relay.counters.inc("fetches_active", -1)
             lease.release()
 
     @staticmethod

@@ -92,6 +92,7 @@ class RelayTrack:
         # again, never absent.
         self.absent: list[tuple[Location, Location]] = []
         self._commit_again = False
+        self.counters: Any = None  # the Relay's Counters (objects received)
 
     def __repr__(self) -> str:
         return f"<RelayTrack {format_full_track_name(*self.full_name)}>"
@@ -173,6 +174,9 @@ class RelayTrack:
     def _on_object(self, ev: ReceivedObject, seen_streams: set[int]) -> None:
         obj = StoredObject(ev.group, ev.subgroup, ev.object_id, ev.priority, int(ev.status),
                            ev.properties or b"", ev.payload)
+        if self.counters is not None:
+            self.counters.inc("objects_received")
+            self.counters.inc("bytes_received", len(ev.payload))
         try:
             result = self.store.append(self.key, obj)
         except ConflictError as e:

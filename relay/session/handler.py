@@ -47,6 +47,9 @@ class SessionHandler:
     async def track_status(self, req: IncomingTrackStatus) -> None:
         await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no such track")
 
+    def answered(self, req: object, code: int | None) -> None:
+        """A request of the peer was answered: accepted (``code`` None) or rejected."""
+
     def goaway(self, session: MoqtSession, msg: GoAway) -> None:
         """The peer sent GOAWAY on the control stream (§4.3)."""
 

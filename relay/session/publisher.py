@@ -78,6 +78,7 @@ class _Incoming:
         if self.answered:
             return
         self.answered = True
+        self.session.handler.answered(self, int(code))
         with contextlib.suppress(TransportError):
             await self.rs.send(RequestErrorMessage(int(code), retry_interval, reason[:1024]),
                                fin=True)
@@ -86,6 +87,7 @@ class _Incoming:
         if self.answered:
             raise RuntimeError(f"{self.TYPE.name} {self.request_id} was already answered")
         self.answered = True
+        self.session.handler.answered(self, None)
 
 
 # -- the publisher side of one subscription --------------------------------------------------------

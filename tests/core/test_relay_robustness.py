@@ -18,12 +18,14 @@ from relay_helpers import (
     make_ns,
     push_track,
     relay_at,
+    wait_cached,
 )
 
 from relay.core.relay import RelayOptions
 from relay.moqt.codes import ObjectStatus, RequestErrorCode, SessionErrorCode
+from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
-from relay.moqt.primitives import FullTrackName
+from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.token import Token
 from relay.session import ReceivedObject, RequestRejected, SessionConfig, SubscriptionDone
 from relay.transport import QuicSettings, connect
@@ -193,3 +195,48 @@ def test_the_relay_never_imports_the_kvcs_library() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+async def test_conflicting_copies_make_the_track_malformed(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=2)
+        sub_s = await client(r)
+        sub = await asyncio.wait_for(sub_s.subscribe(name.namespace, name.name, live_params()),
+                                     TIMEOUT)
+        await track.group(0, [b"first copy"])
+        # the same Group again on a new stream, with different bytes for Object 0 (§14.2)
+        w = await track.served.open_subgroup(0, 0, 0)
+        await w.write_object(0, b"other bytes", fin=True)
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        assert got.done is not None and got.done.status == 0x12  # MALFORMED_TRACK
+        assert got.objects == {(0, 0): b"first copy"}
+    finally:
+        await r.close()
+
+
+async def test_request_update_with_fill_replays_the_past(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=3)
+        await track.group(0, group_payloads(0, 3))
+        await wait_cached(r, name, Location(0, 3))
+        s = await client(r)
+        sub = await asyncio.wait_for(s.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.next_object())), TIMEOUT)
+        ok = await asyncio.wait_for(sub.update(Params(
+            fill=Params(location_filter=LocationFilter.absolute_start(0, 0)))), TIMEOUT)
+        assert ok.params.largest_object == Location(0, 3)
+        await track.group(1, group_payloads(1, 3))
+        await track.group(2, group_payloads(2, 3))
+        await track.end()
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        assert got.objects == track.sent and got.duplicates == []
+    finally:
+        await r.close()

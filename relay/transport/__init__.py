@@ -9,6 +9,19 @@ Public API::
     await send.write(data); await send.finish(); send.reset(code)
     data = await recv.read()                # b"" == FIN; raises StreamReset(code)
     conn.close(code, reason); code, reason = await conn.wait_closed()
+
+Operational behaviour (details in the module docstrings):
+
+* Memory is bounded both ways. Sending: ``write`` waits while a stream has more than
+  ``send_buffer_high`` unsent bytes or the connection more than
+  ``connection_send_buffer_high``. Receiving: flow-control credit is returned only as
+  the application reads (``_quic.py``), so an unread stream buffers at most
+  ``max_stream_data`` and all unread streams together at most ``max_data``; stream
+  credit (MAX_STREAMS) is held for streams not yet ``accept()``-ed.
+* ``max_datagram_size`` is capped at 16384: aioquic encodes frame lengths in 2 bytes.
+* Raw QUIC and WebTransport share one UDP port (ALPN ``moqt-22`` vs ``h3``); 0-RTT is
+  never accepted. Keepalive PINGs keep idle sessions open (aioquic sends none).
+* Never run this under uvloop (its 1 ms timer granularity stalls aioquic's timers).
 """
 
 from .client import connect

@@ -94,10 +94,17 @@ class CreditedQuicConnection(QuicConnection):
         # cannot pile up FIN-only streams faster than they are accepted. (Conservative:
         # an unaccepted stream that is still open is counted twice.) The limit we
         # enforce stays aioquic's, which is never below what we announced.
+        hide_b, hide_u = self.kv_unaccepted
+        if not (hide_b or hide_u):  # the common case, once per packet: keep it cheap
+            try:
+                super()._write_connection_limits(builder, space)  # type: ignore[arg-type]
+            finally:
+                lim.used = used
+            return
         bidi, uni = self._local_max_streams_bidi, self._local_max_streams_uni
         vb, vu = bidi.value, uni.value
-        bidi.value = max(bidi.sent, vb - self.kv_unaccepted[0])
-        uni.value = max(uni.sent, vu - self.kv_unaccepted[1])
+        bidi.value = max(bidi.sent, vb - hide_b)
+        uni.value = max(uni.sent, vu - hide_u)
         try:
             super()._write_connection_limits(builder, space)  # type: ignore[arg-type]
         finally:

@@ -1,0 +1,106 @@
+"""Bounded memory: a writer facing a reader that does not read must block, not buffer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from conftest import w
+
+from relay.transport import QuicSettings, SendStream
+
+KiB = 1024
+WINDOW = 64 * KiB
+HIGH = 64 * KiB
+CHUNK = 16 * KiB
+SETTINGS = QuicSettings(max_datagram_size=8952, max_stream_data=WINDOW, max_data=4 * WINDOW,
+                        send_buffer_high=HIGH, connection_send_buffer_high=8 * HIGH,
+                        connect_timeout=5.0)
+
+
+async def _writer(send: SendStream, payload: bytes, progress: list[int]) -> None:
+    for pos in range(0, len(payload), CHUNK):
+        await send.write(payload[pos:pos + CHUNK])
+        progress[0] = pos + CHUNK
+    await send.finish()
+
+
+async def _is_blocked(task: asyncio.Task[None]) -> bool:
+    # A negative check needs some time: give the writer 1 s to (wrongly) finish.
+    done, _ = await asyncio.wait({task}, timeout=1.0)
+    return not done
+
+
+async def test_writer_blocks_on_a_reader_that_does_not_read(make_harness: object,
+                                                            transport: str) -> None:
+    h = await make_harness(SETTINGS)  # type: ignore[operator]
+    client, server = await h.pair(transport, SETTINGS)
+    payload = os.urandom(4 * 1024 * KiB)
+    send = await w(client.open_uni())
+    progress = [0]
+    task = asyncio.ensure_future(_writer(send, payload, progress))
+    inc = await w(server.accept())
+    assert await _is_blocked(task)
+    # receiver buffers at most its stream window; sender holds at most high water
+    # (+ one write) unsent, plus what is in flight (bounded by the peer's window)
+    assert inc.recv.buffered <= WINDOW
+    assert send.unsent <= HIGH + CHUNK
+    assert progress[0] <= WINDOW + HIGH + 2 * CHUNK + 8 * KiB
+    assert send in client._blocked
+    # reading drains everything, bit-identical, and the writer completes
+    got = await w(inc.recv.read_all(), 30)
+    await w(task)
+    assert got == payload
+    await w(client.aclose())
+
+
+async def test_connection_window_bounds_unread_streams(make_harness: object,
+                                                      transport: str) -> None:
+    h = await make_harness(SETTINGS)  # type: ignore[operator]
+    client, server = await h.pair(transport, SETTINGS)
+    n = 8  # 8 streams x 64 KiB windows > the 256 KiB connection window
+    payloads = [os.urandom(256 * KiB) for _ in range(n)]
+    sends = [await w(client.open_uni()) for _ in range(n)]
+    tasks = [asyncio.ensure_future(_writer(s, p, [0])) for s, p in zip(sends, payloads,
+                                                                         strict=True)]
+    incs = []
+    while len(incs) < 4:  # at least the window's worth of streams shows up
+        incs.append(await w(server.accept()))
+    assert await _is_blocked(asyncio.ensure_future(asyncio.gather(*tasks)))
+    assert sum(i.recv.buffered for i in incs) + sum(
+        i.recv.buffered for i in server._incoming) <= 4 * WINDOW
+    for inc in incs:
+        assert inc.recv.buffered <= WINDOW
+    # drain all streams (more may arrive as credit returns)
+    results = {}
+
+    async def drain_one() -> None:
+        inc = incs.pop() if incs else await server.accept()
+        results[inc.stream_id] = await inc.recv.read_all()
+
+    await w(asyncio.gather(*(drain_one() for _ in range(n))), 30)
+    await w(asyncio.gather(*tasks))
+    assert [results[s.stream_id] for s in sends] == payloads
+    await w(client.aclose())
+
+
+async def test_unread_data_is_released_by_stop_sending(make_harness: object,
+                                                       transport: str) -> None:
+    h = await make_harness(SETTINGS)  # type: ignore[operator]
+    client, server = await h.pair(transport, SETTINGS)
+    # fill one stream's window, then stop it: the connection window must be returned
+    stuck = await w(client.open_uni())
+    task = asyncio.ensure_future(_writer(stuck, os.urandom(1024 * KiB), [0]))
+    inc = await w(server.accept())
+    assert await _is_blocked(task)
+    inc.recv.stop_sending(0x1)
+    assert await w(stuck.wait_stopped()) == 0x1
+    task.cancel()
+    assert server._ep._quic.kv_unread_total == 0  # receive window given back
+    assert client._conn_unsent() < CHUNK  # the reset stream's queue is not counted
+    # the session still moves data afterwards
+    s = await w(client.open_uni())
+    await w(s.write(b"after", end_stream=True))
+    inc2 = await w(server.accept())
+    assert await w(inc2.recv.read_all()) == b"after"
+    await w(client.aclose())

@@ -1,0 +1,80 @@
+"""Stream-count limits and idle handling."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import w
+
+from relay.transport import QuicSettings
+
+LIMITS = QuicSettings(max_datagram_size=8952, max_streams_bidi=8, max_streams_uni=16,
+                      connect_timeout=5.0)
+
+
+async def test_unaccepted_streams_hold_their_credit(make_harness: object,
+                                                    transport: str) -> None:
+    """FIN-only streams the application has not accepted still count against the
+    peer's stream limit, so opening more waits instead of piling up."""
+    h = await make_harness(LIMITS)  # type: ignore[operator]
+    client, server = await h.pair(transport, LIMITS)
+    n = 40
+
+    async def open_all() -> None:
+        for i in range(n):
+            s = await client.open_uni()
+            await s.write(bytes([i]), end_stream=True)
+
+    opener = asyncio.ensure_future(open_all())
+    done, _ = await asyncio.wait({opener}, timeout=1.0)  # negative check needs time
+    assert not done
+    assert len(server._incoming) <= LIMITS.max_streams_uni
+    got = [await w(server.accept()) for _ in range(n)]
+    await w(opener)
+    assert [await w(g.recv.read_all()) for g in got] == [bytes([i]) for i in range(n)]
+    await w(client.aclose())
+
+
+async def test_bidi_limit_waits_and_recovers(make_harness: object, transport: str) -> None:
+    h = await make_harness(LIMITS)  # type: ignore[operator]
+    client, server = await h.pair(transport, LIMITS)
+
+    async def echo() -> None:
+        while True:
+            inc = await server.accept()
+            assert inc.send is not None
+            await inc.send.write(await inc.recv.read_all(), end_stream=True)
+
+    echoer = asyncio.ensure_future(echo())
+
+    async def one(i: int) -> bytes:
+        s, r = await client.open_bi()
+        await s.write(str(i).encode(), end_stream=True)
+        return await r.read_all()
+
+    assert await w(asyncio.gather(*(one(i) for i in range(50)))) == [
+        str(i).encode() for i in range(50)]
+    echoer.cancel()
+    await w(client.aclose())
+
+
+@pytest.mark.parametrize("keepalive", [0.2, None])
+async def test_keepalive_outlives_idle_timeout(make_harness: object,
+                                               keepalive: float | None) -> None:
+    settings = QuicSettings(idle_timeout=0.8, keepalive_interval=keepalive,
+                            connect_timeout=5.0)
+    h = await make_harness(settings)  # type: ignore[operator]
+    client, server = await h.pair("quic", settings)
+    if keepalive is None:
+        await w(client.wait_closed(), 5)
+        info = client.close_info
+        assert info is not None and not info.application  # idle timeout, not the peer
+    else:
+        with pytest.raises(TimeoutError):  # stays open across 2 idle timeouts
+            await asyncio.wait_for(client.wait_closed(), 1.6)
+        s = await w(client.open_uni())
+        await w(s.write(b"still here", end_stream=True))
+        inc = await w(server.accept())
+        assert await w(inc.recv.read_all()) == b"still here"
+    await w(client.aclose())

@@ -1,0 +1,189 @@
+"""Session lifecycle: close codes, refusals, TLS, timeouts, server shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from pathlib import Path
+
+import pytest
+from aioquic.asyncio import connect as aioquic_connect
+from aioquic.quic.configuration import QuicConfiguration
+from conftest import SETTINGS, Harness, url_for, w
+
+from relay.transport import (
+    ConnectionClosed,
+    ConnectTimeout,
+    QuicSettings,
+    TransportError,
+    connect,
+    ensure_self_signed,
+    fingerprint,
+)
+
+
+@pytest.mark.parametrize("closer", ["client", "server"])
+async def test_close_code_and_reason_reach_the_peer(harness: Harness, transport: str,
+                                                    closer: str) -> None:
+    client, server = await harness.pair(transport)
+    active, passive = (client, server) if closer == "client" else (server, client)
+    pending_accept = asyncio.ensure_future(passive.accept())
+    s, r = await w(passive.open_bi())
+    await w(s.write(b"unfinished"))
+    active.close(0x3, "protocol violation: test")
+    assert await w(active.wait_closed()) == (0x3, "protocol violation: test")
+    assert await w(passive.wait_closed()) == (0x3, "protocol violation: test")
+    info = passive.close_info
+    assert info is not None and info.application
+    with pytest.raises(ConnectionClosed) as e:
+        await w(pending_accept)
+    assert e.value.code == 0x3
+    with pytest.raises(ConnectionClosed):
+        await w(r.read())
+    with pytest.raises(ConnectionClosed):
+        await w(s.write(b"more"))
+    with pytest.raises(ConnectionClosed):
+        await w(passive.open_uni())
+    await w(client.aclose())
+
+
+async def test_data_before_close_is_still_readable(pair: tuple) -> None:
+    client, server = pair
+    s = await w(client.open_uni())
+    await w(s.write(b"last words", end_stream=True))
+    inc = await w(server.accept())
+    assert await w(inc.recv.read_all()) == b"last words"
+    client.close(0, "done")
+    assert await w(server.wait_closed()) == (0, "done")
+
+
+async def test_server_close_all_sends_code(harness: Harness, transport: str) -> None:
+    client, _server = await harness.pair(transport)
+    await w(harness.server.close_all(0x10, "going away"))
+    assert await w(client.wait_closed()) == (0x10, "going away")
+    assert not harness.server.connections
+
+
+async def test_handler_return_closes_with_no_error(certs: object, transport: str) -> None:
+    from relay.transport import serve
+
+    async def handler(conn: object) -> None:
+        return None
+
+    server = await serve("127.0.0.1", 0, certs.certfile, certs.keyfile, handler,  # type: ignore[attr-defined]
+                         settings=SETTINGS)
+    try:
+        client = await w(connect(url_for(server, transport), settings=SETTINGS,
+                                 ca_file=certs.certfile))  # type: ignore[attr-defined]
+        assert await w(client.wait_closed()) == (0, "")
+        await w(client.aclose())
+    finally:
+        await w(server.close(grace=0.2))
+
+
+async def test_unknown_webtransport_path_is_refused(harness: Harness) -> None:
+    with pytest.raises(TransportError, match="404"):
+        await w(connect(url_for(harness.server, "webtransport", "/elsewhere"),
+                        settings=SETTINGS, ca_file=harness.certs.certfile))
+
+
+async def test_wrong_alpn_is_refused(harness: Harness) -> None:
+    config = QuicConfiguration(is_client=True, alpn_protocols=["moqt-17"])
+    config.load_verify_locations(cafile=str(harness.certs.certfile))
+    config.server_name = "localhost"
+    with pytest.raises(ConnectionError):
+        async with aioquic_connect("127.0.0.1", harness.server.port, configuration=config):
+            pass
+
+
+async def test_tls_verification(harness: Harness, tmp_path: Path,
+                                caplog: pytest.LogCaptureFixture) -> None:
+    url = url_for(harness.server, "quic")
+    # the right CA, addressed by name and by IP (SANs cover both)
+    for name in ("localhost", None):
+        conn = await w(connect(url, settings=SETTINGS, ca_file=harness.certs.certfile,
+                               server_name=name))
+        await w(conn.aclose())
+    # another self-signed cert as CA: verification fails
+    other = ensure_self_signed(tmp_path / "other")
+    with pytest.raises(ConnectionClosed) as e:
+        await w(connect(url, settings=SETTINGS, ca_file=other.certfile))
+    assert not e.value.application
+    # insecure skips verification, loudly
+    with caplog.at_level(logging.WARNING, logger="relay.transport.client"):
+        conn = await w(connect(url, settings=SETTINGS, insecure=True))
+    assert "DISABLED" in caplog.text
+    await w(conn.aclose())
+
+
+def test_self_signed_certificate_is_stable(tmp_path: Path) -> None:
+    first = ensure_self_signed(tmp_path)
+    again = ensure_self_signed(tmp_path)
+    assert first == again
+    assert first.fingerprint == fingerprint(first.certfile)
+    assert len(first.fingerprint) == 64
+    assert oct(first.keyfile.stat().st_mode & 0o777) == "0o600"
+    from cryptography import x509
+    cert = x509.load_pem_x509_certificate(first.certfile.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in san.get_values_for_type(x509.DNSName)
+    assert {str(a) for a in san.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "::1"}
+    # usable by the stdlib TLS stack too (PEM key + cert match)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(first.certfile, first.keyfile)
+
+
+async def test_connect_timeout(tmp_path: Path) -> None:
+    # a UDP socket that never answers
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    try:
+        port = sock.getsockname()[1]
+        settings = QuicSettings(connect_timeout=0.3)
+        with pytest.raises(ConnectTimeout):
+            await w(connect(f"moqt://127.0.0.1:{port}/", settings=settings, insecure=True))
+    finally:
+        sock.close()
+
+
+def test_settings_validation() -> None:
+    with pytest.raises(ValueError):
+        QuicSettings(max_datagram_size=60000)  # aioquic cannot encode >16383-byte frames
+    with pytest.raises(ValueError):
+        QuicSettings(max_datagram_size=1000)
+    cfg = QuicSettings(max_datagram_size=8952).quic_configuration(is_client=False,
+                                                                    alpn=["moqt-22"])
+    assert cfg.max_datagram_frame_size == 65536
+    assert cfg.max_datagram_size == 8952
+
+
+async def test_bad_scheme() -> None:
+    with pytest.raises(ValueError):
+        await w(connect("http://127.0.0.1:1/"))
+
+
+async def test_webtransport_without_moqt_offer_is_refused(harness: Harness,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import relay.transport.endpoint as endpoint_mod
+    monkeypatch.setattr(endpoint_mod, "sf_string", lambda _: b'"moqt-99"')  # client offer
+    with pytest.raises(TransportError, match="400"):
+        await w(connect(url_for(harness.server, "webtransport"), settings=SETTINGS,
+                        ca_file=harness.certs.certfile))
+
+
+async def test_webtransport_server_must_select_moqt(harness: Harness,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from relay.transport import ProtocolNegotiationError
+    from relay.transport.endpoint import Endpoint
+
+    def accept_without_protocol(self: Endpoint, sid: int, headers: object) -> None:
+        assert self._h3 is not None
+        self._h3.send_headers(sid, [(b":status", b"200")])
+        self.transmit()
+
+    monkeypatch.setattr(Endpoint, "_on_connect_request", accept_without_protocol)
+    with pytest.raises(ProtocolNegotiationError):
+        await w(connect(url_for(harness.server, "webtransport"), settings=SETTINGS,
+                        ca_file=harness.certs.certfile))

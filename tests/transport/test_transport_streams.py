@@ -1,0 +1,216 @@
+"""Streams over real QUIC on 127.0.0.1, raw QUIC and WebTransport on the same server port."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+
+import pytest
+from conftest import SETTINGS, Harness, w
+
+from relay.transport import (
+    Connection,
+    QuicSettings,
+    StreamReset,
+    StreamStopped,
+    app_to_wt_error,
+)
+
+Pair = tuple[Connection, Connection]
+
+
+async def _echo_bidi(opener: Connection, acceptor: Connection, payload: bytes) -> None:
+    send, recv = await w(opener.open_bi())
+    await w(send.write(payload, end_stream=True))
+    inc = await w(acceptor.accept())
+    assert inc.is_bidirectional and inc.send is not None
+    assert inc.stream_id == send.stream_id
+    got = await w(inc.recv.read_all())
+    assert got == payload
+    await w(inc.send.write(got[::-1], end_stream=True))
+    assert await w(recv.read_all()) == payload[::-1]
+    assert recv.at_eof
+
+
+async def test_bidi_echo_both_directions(pair: Pair) -> None:
+    client, server = pair
+    await _echo_bidi(client, server, b"from the client")
+    await _echo_bidi(server, client, b"from the server")
+
+
+async def test_uni_both_directions_and_fin(pair: Pair) -> None:
+    client, server = pair
+    for src, dst in ((client, server), (server, client)):
+        s = await w(src.open_uni())
+        await w(s.write(b"hello "))
+        await w(s.write(memoryview(b"world")))
+        await w(s.finish())
+        inc = await w(dst.accept())
+        assert not inc.is_bidirectional
+        assert await w(inc.recv.read_all()) == b"hello world"
+        assert await w(inc.recv.read()) == b""  # FIN stays sticky
+
+
+async def test_session_attributes(pair: Pair, transport: str) -> None:
+    client, server = pair
+    assert client.transport == server.transport == transport
+    assert client.is_client and not server.is_client
+    assert client.remote_address is not None and server.remote_address is not None
+    assert client.path == "/moq"
+    if transport == "webtransport":
+        assert server.path == "/moq"
+        assert server.authority.startswith("127.0.0.1:")
+
+
+async def test_accept_is_lossless_and_ordered(pair: Pair) -> None:
+    client, server = pair
+    for i in range(5):  # all opened and finished before the server accepts anything
+        s = await w(client.open_uni())
+        await w(s.write(bytes([i]) * (i + 1), end_stream=True))
+    unis = [await w(server.accept()) for _ in range(5)]
+    assert [u.stream_id for u in unis] == sorted(u.stream_id for u in unis)
+    assert [await w(u.recv.read_all()) for u in unis] == [bytes([i]) * (i + 1) for i in range(5)]
+
+
+@pytest.mark.parametrize("code", [0x0, 0x1, 0x5, 0x12, 0x1E, 0xFFFFFFFF])
+async def test_reset_code_arrives(pair: Pair, code: int) -> None:
+    client, server = pair
+    s = await w(client.open_uni())
+    await w(s.write(b"partial"))
+    inc = await w(server.accept())
+    assert await w(inc.recv.read()) == b"partial"
+    s.reset(code)
+    with pytest.raises(StreamReset) as e:
+        await w(inc.recv.read())
+    assert e.value.code == code
+    # and server -> client on a bidi stream's server half
+    send, _recv = await w(server.open_bi())
+    await w(send.write(b"x"))
+    inc2 = await w(client.accept())
+    assert await w(inc2.recv.read()) == b"x"
+    send.reset(code)
+    with pytest.raises(StreamReset) as e2:
+        await w(inc2.recv.read())
+    assert e2.value.code == code
+
+
+async def test_webtransport_reset_uses_mapped_code_on_the_wire(harness: Harness) -> None:
+    client, server = await harness.pair("webtransport")
+    seen: list[int] = []
+    original = server._on_stream_reset
+
+    def spy(sid: int, wire_code: int) -> None:
+        seen.append(wire_code)
+        original(sid, wire_code)
+
+    server._on_stream_reset = spy  # type: ignore[method-assign]
+    s = await w(client.open_uni())
+    await w(s.write(b"a"))
+    inc = await w(server.accept())
+    await w(inc.recv.read())
+    s.reset(0x2)
+    with pytest.raises(StreamReset) as e:
+        await w(inc.recv.read())
+    assert e.value.code == 0x2
+    assert seen == [app_to_wt_error(0x2)]
+    await w(client.aclose())
+
+
+@pytest.mark.parametrize("bidi", [False, True])
+async def test_stop_sending_reaches_the_sender(pair: Pair, bidi: bool) -> None:
+    client, server = pair
+    if bidi:
+        send, _ = await w(client.open_bi())
+    else:
+        send = await w(client.open_uni())
+    await w(send.write(b"first"))
+    inc = await w(server.accept())
+    assert await w(inc.recv.read()) == b"first"
+    inc.recv.stop_sending(0x9)
+    assert await w(send.wait_stopped()) == 0x9
+    assert send.stop_code == 0x9
+    with pytest.raises(StreamStopped) as e:
+        await w(send.write(b"more"))
+    assert e.value.code == 0x9
+    with pytest.raises(StreamReset):
+        await w(inc.recv.read())
+
+
+async def test_many_concurrent_streams(pair: Pair) -> None:
+    """300 uni streams and 300 bidi streams at once (above the 256 bidi limit: opens
+    must wait for MAX_STREAMS instead of failing)."""
+    client, server = pair
+    n = 300
+
+    async def serve_all() -> None:
+        async def one() -> None:
+            inc = await server.accept()
+            data = await inc.recv.read_all()
+            if inc.send is not None:
+                await inc.send.write(data, end_stream=True)
+            else:
+                assert data == inc.stream_id.to_bytes(8, "big") * 100
+        await asyncio.gather(*(one() for _ in range(2 * n)))
+
+    async def uni(i: int) -> None:
+        s = await client.open_uni()
+        await s.write(s.stream_id.to_bytes(8, "big") * 100, end_stream=True)
+
+    async def bidi(i: int) -> None:
+        s, r = await client.open_bi()
+        payload = os.urandom(500 + i)
+        await s.write(payload, end_stream=True)
+        assert await r.read_all() == payload
+
+    await w(asyncio.gather(serve_all(), *(uni(i) for i in range(n)),
+                           *(bidi(i) for i in range(n))), 60)
+
+
+@pytest.mark.parametrize("single_write", [False, True])
+async def test_large_transfer_is_bit_identical(pair: Pair, single_write: bool) -> None:
+    client, server = pair
+    payload = os.urandom(8 * 1024 * 1024)
+    digest = hashlib.sha256(payload).digest()
+
+    async def receive() -> bytes:
+        inc = await server.accept()
+        h = hashlib.sha256()
+        while chunk := await inc.recv.read():
+            h.update(chunk)
+        return h.digest()
+
+    async def send() -> None:
+        s = await client.open_uni()
+        view = memoryview(payload)
+        if single_write:
+            await s.write(view, end_stream=True)  # > high-water: sliced internally
+        else:
+            for pos in range(0, len(payload), 300_000):
+                await s.write(view[pos:pos + 300_000])
+            await s.finish()
+
+    got, _ = await w(asyncio.gather(receive(), send()), 60)
+    assert got == digest
+
+
+async def test_default_1200_byte_datagrams(make_harness: object, transport: str) -> None:
+    settings = QuicSettings()
+    h = await make_harness(settings)  # type: ignore[operator]
+    client, server = await h.pair(transport, settings)
+    payload = os.urandom(512 * 1024)
+    s = await w(client.open_uni())
+    await w(s.write(payload, end_stream=True))
+    inc = await w(server.accept())
+    assert await w(inc.recv.read_all()) == payload
+    await w(client.aclose())
+
+
+async def test_datagrams_both_ways(pair: Pair) -> None:
+    client, server = pair
+    assert client.max_datagram_payload > 1000
+    assert client.send_datagram(b"ping")
+    assert await w(server.receive_datagram()) == b"ping"
+    assert server.send_datagram(b"pong")
+    assert await w(client.receive_datagram()) == b"pong"
+    assert not client.send_datagram(b"x" * (SETTINGS.max_datagram_size + 1))  # dropped

@@ -173,8 +173,9 @@ class RelayTrack:
 
     def _on_object(self, ev: ReceivedObject, seen_streams: set[int]) -> None:
         obj = StoredObject(ev.group, ev.subgroup, ev.object_id, ev.priority, int(ev.status),
-                           ev.properties or b"", ev.payload)
-        if self.counters is not None:
+                           ev.properties or b"", ev.payload,
+                           ev.stream.source is Source.DATAGRAM)
+        if self.counters is not None and ev.status == ObjectStatus.NORMAL:
             self.counters.inc("objects_received")
             self.counters.inc("bytes_received", len(ev.payload))
         try:

@@ -17,7 +17,8 @@ from relay.moqt.codes import (
     StreamResetCode,
 )
 from relay.moqt.control import InvalidRequest
-from relay.moqt.dataplane.objects import SubgroupHeader
+from relay.moqt.dataplane.datagram import encode_datagram
+from relay.moqt.dataplane.objects import ObjectDatagram, SubgroupHeader
 from relay.moqt.errors import protocol_violation
 from relay.moqt.kvp import KeyValuePair, Properties
 from relay.moqt.messages import (
@@ -153,6 +154,17 @@ class ServedSubscription:
         self._track(w)
         await stream.write(w.header_bytes())
         return w
+
+    def send_datagram(self, group: int, object_id: int, payload: bytes, *,
+                      priority: int | None = 128, properties: bytes | None = None,
+                      end_of_group: bool = False) -> bool:
+        """One Object as an OBJECT_DATAGRAM (§11.8); False if it did not fit a packet (it is
+        then dropped, as datagrams may be). KVCS never sends datagrams."""
+        if self.cancelled.is_set() or not self.forward:
+            return False
+        data = encode_datagram(ObjectDatagram(self.track_alias, group, object_id, priority,
+                                              payload, None, properties, end_of_group))
+        return self.session.conn.send_datagram(data)
 
     async def open_fill(self, request_id: int | None = None,
                         group_order: GroupOrder | None = None) -> FetchWriter:

@@ -18,12 +18,14 @@ from relay.moqt.codes import (
     PADDING_STREAM_TYPE,
     GroupOrder,
     MessageType,
+    ObjectStatus,
     ParameterType,
     RequestErrorCode,
     SessionErrorCode,
     StreamResetCode,
 )
 from relay.moqt.control import ControlStreamParser, InvalidRequest, encode_message
+from relay.moqt.dataplane.datagram import decode_datagram
 from relay.moqt.dataplane.fetch import FETCH_HEADER_TYPE
 from relay.moqt.dataplane.subgroup import is_subgroup_type
 from relay.moqt.errors import SessionError, protocol_violation
@@ -55,6 +57,7 @@ from relay.transport import (
 
 from .config import SessionConfig
 from .errors import SessionClosed
+from .events import ReceivedObject, Source, StreamInfo
 from .handler import SessionHandler
 from .publisher import (
     IncomingFetch,
@@ -84,6 +87,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvcs.session")
 
+_DATAGRAM = StreamInfo(-1, Source.DATAGRAM)
 _REQUEST_TYPES = (Subscribe, Publish, Fetch, TrackStatus, PublishNamespace, SubscribeNamespace,
                   SubscribeTracks)
 
@@ -132,6 +136,7 @@ class MoqtSession:
 
     async def _start(self) -> None:
         self.spawn(self._accept_loop(), "accept")
+        self.spawn(self._datagram_loop(), "datagrams")
         self.spawn(self._watch_connection(), "watch")
         try:
             self._control = await self.conn.open_uni()
@@ -276,6 +281,21 @@ class MoqtSession:
                 self.spawn(self._serve_request(incoming), "request")
             else:
                 self.spawn(self._dispatch_uni(incoming.recv), "uni")
+
+    async def _datagram_loop(self) -> None:
+        """OBJECT_DATAGRAMs (§11.8): routed by Track Alias; unknown aliases are dropped."""
+        while True:
+            data = await self.conn.receive_datagram()
+            d = decode_datagram(data)
+            if d is None:
+                continue  # padding
+            sub = self.alias_routes.get(d.track_alias)
+            if sub is None or sub.ended:
+                continue
+            prio = d.publisher_priority if d.publisher_priority is not None else 128
+            await sub.deliver(ReceivedObject(
+                d.group_id, 0, d.object_id, prio, d.status or ObjectStatus.NORMAL,
+                d.properties, d.payload, _DATAGRAM))
 
     async def _dispatch_uni(self, recv: RecvStream) -> None:
         buf = b""

@@ -44,6 +44,7 @@ class TrackPublisher(SessionHandler):
         self.priority = priority
         self.objects: list[Obj] = []
         self.live: list[ServedSubscription] = []
+        self.subscribed = asyncio.Event()
         self.lock = asyncio.Lock()
 
     @property
@@ -92,6 +93,7 @@ class TrackPublisher(SessionHandler):
             live = resolve_subscription_range(req.params.location_filter, largest)
             assert live.start > (largest or Location(0, 0)) or largest is None
             self.live.append(served)
+            self.subscribed.set()
 
     async def fetch(self, req: IncomingFetch) -> None:
         if req.full_name != self.track:

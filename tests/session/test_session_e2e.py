@@ -139,3 +139,24 @@ async def test_rejections_are_typed(pair) -> None:  # type: ignore[no-untyped-de
     # the session survives request errors
     with pytest.raises(RequestRejected):
         await asyncio.wait_for(client.fetch(NS, TRACK.name), TIMEOUT)
+
+
+async def test_datagram_objects_reach_the_subscription(pair) -> None:  # type: ignore[no-untyped-def]
+    publisher, client = pair
+    sub = await asyncio.wait_for(client.subscribe(NS, TRACK.name, Params(
+        location_filter=LocationFilter.next_object())), TIMEOUT)
+    await asyncio.wait_for(publisher.subscribed.wait(), TIMEOUT)
+    served = publisher.live[-1]
+    # datagrams are unreliable: send until one arrives (bounded), then check its fields
+    async with asyncio.timeout(TIMEOUT):
+        it = aiter(sub)
+        while True:
+            assert served.send_datagram(7, 3, b"datagram payload", priority=9)
+            try:
+                ev = await asyncio.wait_for(anext(it), 0.2)
+                break
+            except TimeoutError:
+                continue
+    assert ev.stream.source == Source.DATAGRAM
+    assert (ev.group, ev.object_id, ev.priority, bytes(ev.payload)) == (7, 3, 9,
+                                                                      b"datagram payload")

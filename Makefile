@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint run bench clean
+.PHONY: install test lint run demo bench clean
 
 # The relay's listen address and data directory for `make run` (override on the command line).
 LISTEN   ?= 127.0.0.1:4433
@@ -19,13 +19,17 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check relay storage tests benchmarks
+	$(BIN)/ruff check relay storage tests benchmarks scripts
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
 
 run: $(STAMP)
 	$(BIN)/kvcs relay --listen $(LISTEN) --data-dir $(DATA_DIR)
+
+# A relay, a synthetic KV cache published through it and fetched back, a short summary.
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

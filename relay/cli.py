@@ -1,61 +1,89 @@
-"""The `kvcs` command line. Errors are one clear line on stderr and a non-zero exit."""
+"""The `kvcs` command line. Errors are one clear line on stderr and a non-zero exit
+(2 for an invalid configuration, 1 for a run-time failure such as a port in use)."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
+from relay.config import KEYS, ConfigError, load, render
 
-@click.group()
+
+class _Commands(click.Group):
+    """Loads the peer commands (publish, subscribe, fetch) on first use, so `kvcs relay` never
+    imports the KVCS library (the relay must not look into payloads)."""
+
+    _peers_loaded = False
+
+    def _load_peers(self) -> None:
+        if not self._peers_loaded:
+            self._peers_loaded = True
+            from relay.peers.cli import register
+
+            register(self)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, name)
+        if cmd is None:
+            self._load_peers()
+            cmd = super().get_command(ctx, name)
+        return cmd
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load_peers()
+        return super().list_commands(ctx)
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="kvcs-relay")
 def main() -> None:
     """kvcs-relay: a caching MOQT relay for LLM KV caches, and its reference peers."""
 
 
-def _hostport(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+def _config_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """One option per configuration key; values stay text here and are parsed (and their
+    precedence over env and file decided) by relay.config, so every source is validated
+    the same way. Defaults are None: "not given on the command line"."""
+    for key in reversed(KEYS):
+        help_text = f"{key.help} [env {key.env}; default {key.text_default or 'unset'}]"
+        if key.is_flag:
+            f = click.option(key.flag, key.name, is_flag=True, default=None,
+                             help=help_text)(f)
+        else:
+            f = click.option(key.flag, key.name, multiple=key.multiple, default=None,
+                             metavar="TEXT", help=help_text)(f)
+    return f
 
 
 @main.command()
-@click.option("--listen", default="127.0.0.1:4433", show_default=True,
-              help="UDP HOST:PORT for raw QUIC (moqt-22) and WebTransport.")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data"),
-              show_default=True, help="LMDB store and the self-signed certificate live here.")
-@click.option("--cert", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--key", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--upstream", multiple=True, help="Upstream relay URL (repeatable, in order).")
-@click.option("--upstream-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--upstream-insecure", is_flag=True,
-              help="Do not verify the upstream certificate (loopback development only).")
-@click.option("--memory-bytes", type=int, default=1 << 30, show_default=True)
-@click.option("--lmdb-bytes", type=int, default=8 << 30, show_default=True)
-@click.option("--max-datagram-size", type=int, default=1200, show_default=True,
-              help="UDP payload size; raise to the path MTU (e.g. 8952) on jumbo-frame paths.")
-@click.option("--log-level", default="INFO", show_default=True)
-def relay(listen: str, data_dir: Path, cert: Path | None, key: Path | None,
-          upstream: tuple[str, ...], upstream_ca: Path | None, upstream_insecure: bool,
-          memory_bytes: int, lmdb_bytes: int, max_datagram_size: int, log_level: str) -> None:
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
+              help="TOML configuration file (env KVCS_RELAY_CONFIG); flags and env win.")
+@click.option("--print-config", is_flag=True,
+              help="Print the effective configuration (secrets masked) and exit.")
+@_config_options
+def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
     """Run the caching relay."""
-    from relay.service import RelayConfig, run_forever
+    from relay import logs
 
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if (cert is None) != (key is None):
-        raise click.UsageError("--cert and --key go together")
-    host, port = _hostport(listen)
-    config = RelayConfig(listen_host=host, listen_port=port, data_dir=data_dir, cert=cert,
-                         key=key, upstream=list(upstream), upstream_ca=upstream_ca,
-                         upstream_insecure=upstream_insecure, memory_bytes=memory_bytes,
-                         lmdb_bytes=lmdb_bytes, max_datagram_size=max_datagram_size)
     try:
-        asyncio.run(run_forever(config))
+        settings = load(flags, config_file=config_file)
+    except ConfigError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    if print_config:
+        click.echo(render(settings), nl=False)
+        return
+    logs.setup(settings.log_level, settings.log_format,
+               secrets=[t["token"] for t in settings.auth_tokens])
+    from relay.service import run_forever
+
+    try:
+        asyncio.run(run_forever(settings.relay_config()))
     except OSError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

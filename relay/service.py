@@ -7,6 +7,8 @@ run is what operators run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import signal
@@ -16,6 +18,7 @@ from pathlib import Path
 from relay.core.auth import Authorizer
 from relay.core.relay import Relay, RelayOptions
 from relay.core.upstream import UpstreamLink
+from relay.metrics import MetricsServer, RelayMetrics
 from relay.session import SessionConfig
 from relay.transport import QuicSettings, Server, ensure_self_signed, fingerprint, serve
 from storage.lmdb_store import LmdbStore
@@ -43,6 +46,12 @@ class RelayConfig:
     wt_path: str = "/moq"
     options: RelayOptions = field(default_factory=RelayOptions)
     auth_tokens: list[dict[str, object]] = field(default_factory=list)
+    # TCP (host, port) of /metrics, /healthz, /readyz; None: no listener (the library
+    # default, so in-process relays in tests do not fight over a port; the CLI's is 9464).
+    metrics_listen: tuple[str, int] | None = None
+    # After SIGTERM/SIGINT and GOAWAY: how long fills, FETCHes and LMDB commits may finish.
+    drain_timeout: float = 10.0
+    ready_file: Path | None = None
 
 
 @dataclass
@@ -53,10 +62,40 @@ class RunningRelay:
     config: RelayConfig
     certfile: Path
     fingerprint: str
+    metrics: RelayMetrics | None = None
+    metrics_server: MetricsServer | None = None
+    closed: bool = False
 
     @property
     def port(self) -> int:
         return self.server.port
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.metrics_server.port if self.metrics_server is not None else None
+
+    async def readiness(self) -> list[str]:
+        """Why the relay is not ready (empty: ready): listening, storage open, upstream
+        reachable when configured, not draining."""
+        problems = []
+        if self.closed or self.server._closing:
+            problems.append("not listening")
+        if self.relay.draining:
+            problems.append("draining")
+        if self.store.durable is not None:
+            try:
+                self.store.durable.stats()
+            except Exception as e:  # a closed or broken LMDB environment
+                problems.append(f"storage unavailable: {type(e).__name__}")
+        up = self.relay.upstream
+        if up is not None and up.configured and up.session is None:
+            try:
+                ok = await asyncio.wait_for(up.get(), 2.0) is not None
+            except TimeoutError:
+                ok = False
+            if not ok:
+                problems.append("upstream unreachable")
+        return problems
 
     @property
     def url(self) -> str:
@@ -67,9 +106,42 @@ class RunningRelay:
         return f"https://{self.config.listen_host}:{self.port}{self.config.wt_path}"
 
     async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.metrics_server is not None:
+            await self.metrics_server.close()
         await self.relay.close()
         await self.server.close()
         self.store.close()
+
+    def stop_accepting(self) -> None:
+        # The transport has no public switch yet: new connections are closed on arrival.
+        self.server._closing = True
+
+    async def drain(self, timeout: float) -> bool:
+        """GOAWAY to every session, then wait (at most ``timeout`` s) for fills and FETCHes
+        in flight and pending LMDB commits. True if everything finished in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self.stop_accepting()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.relay.goaway_all(), timeout)
+        c = self.relay.counters
+        while c.get("fills_active") + c.get("fetches_active") > 0:
+            if loop.time() >= deadline:
+                log.warning("drain timeout: %d fills and %d fetches cut short",
+                            c.get("fills_active"), c.get("fetches_active"))
+                return False
+            await asyncio.sleep(0.05)  # no event for "last request ended"; cheap to poll
+        commits = [t._commit_task for t in list(self.relay.tracks.values())
+                   if t._commit_task is not None and not t._commit_task.done()]
+        if commits:
+            _, pending = await asyncio.wait(commits, timeout=max(0.0, deadline - loop.time()))
+            if pending:
+                log.warning("drain timeout: %d LMDB commits unfinished", len(pending))
+                return False
+        return True
 
 
 async def start_relay(config: RelayConfig) -> RunningRelay:
@@ -104,22 +176,58 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
     except BaseException:
         store.close()
         raise
+    running = RunningRelay(relay, server, store, config, certfile, fp,
+                           metrics=RelayMetrics(relay, store))
+    if config.metrics_listen is not None:
+        assert running.metrics is not None
+        ms = MetricsServer(running.metrics, running.readiness)
+        try:
+            await ms.start(*config.metrics_listen)
+        except BaseException:
+            await running.close()
+            raise
+        running.metrics_server = ms
     if authorizer.open:
         log.warning("no authorization tokens configured: the relay is open (development)")
-    return RunningRelay(relay, server, store, config, certfile, fp)
+    return running
+
+
+def _write_ready_file(path: Path, running: RunningRelay) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"port": running.port, "metrics_port": running.metrics_port,
+                               "pid": os.getpid()}))
+    tmp.replace(path)  # atomic: a reader never sees half a file
 
 
 async def run_forever(config: RelayConfig) -> None:
+    """Serve until SIGTERM/SIGINT, then drain (GOAWAY, in-flight work, LMDB commits) within
+    ``config.drain_timeout`` and close. A second signal closes at once."""
     running = await start_relay(config)
-    log.info("relay ready on %s (WebTransport %s) data-dir=%s certificate sha256=%s",
-             running.url, running.wt_url, config.data_dir, running.fingerprint)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        if config.ready_file is not None:
+            _write_ready_file(Path(config.ready_file), running)
+        # after the ready file and the signal handlers: whoever sees this line may use both
+        log.info("relay ready on %s (WebTransport %s) data-dir=%s certificate sha256=%s "
+                 "metrics=%s", running.url, running.wt_url, config.data_dir,
+                 running.fingerprint, f"{config.metrics_listen[0]}:{running.metrics_port}"
+                 if config.metrics_listen else "off")
         await stop.wait()
-        log.info("shutting down")
-        await running.relay.goaway_all()
+        stop.clear()
+        log.info("shutting down: GOAWAY to %d sessions, drain timeout %.1f s",
+                 len(running.relay.sessions), config.drain_timeout)
+        drain = asyncio.ensure_future(running.drain(config.drain_timeout))
+        again = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({drain, again}, return_when=asyncio.FIRST_COMPLETED)
+        if not drain.done():
+            log.warning("second signal: closing without waiting")
+            drain.cancel()
+        again.cancel()
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
         await running.close()
+        log.info("relay stopped")

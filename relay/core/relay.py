@@ -141,7 +141,9 @@ class Relay:
         log.info("session open: %s %s", conn.transport, conn.remote_address)
         try:
             code, reason = await session.wait_closed()
-            self.counters.inc(f"sessions_closed_{conn.transport}_{code}")
+            # the peer chooses its close code: unknown codes share one bucket (bounded keys)
+            known = code in SessionErrorCode._value2member_map_
+            self.counters.inc(f"sessions_closed_{conn.transport}_{code if known else 0x1}")
             log.info("session closed: code 0x%x %s", code, reason)
         finally:
             self.sessions.discard(session)

@@ -1,0 +1,332 @@
+"""Prometheus metrics and health endpoints on a separate HTTP listener.
+
+Almost everything is read at scrape time from state the relay keeps anyway (``Relay.counters``,
+its sessions and tracks, the stores' ``stats()``), so the data path pays nothing for metrics.
+Only the two latency histograms are observed as requests end (``Counters.observe``).
+
+Each relay has its own ``CollectorRegistry``, so several relays in one process (the tests)
+never clash. The HTTP server runs on the relay's event loop, not in a thread: the collector
+reads the relay's dicts and sets without locks, which is only safe from the loop itself.
+
+Label values are bounded by construction: transport names, message type names, spec error
+code names (or "other"), tiers and operations — never a namespace, track name or token.
+The contract (every name, type, label and unit) is docs/metrics.md; a test holds the two
+together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import exposition as _expo
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+from prometheus_client.openmetrics import exposition as _om
+from prometheus_client.registry import Collector
+
+from relay.moqt.codes import RequestErrorCode, SessionErrorCode
+
+if TYPE_CHECKING:
+    from relay.core.relay import Relay
+    from storage.tiered import TieredStore
+
+log = logging.getLogger("kvcs.metrics")
+
+P = "kvcs_relay_"
+TRANSPORTS = ("quic", "webtransport")
+OPS = ("fill", "fetch")
+TIERS = ("memory", "lmdb")
+# Per-subscriber backlog buckets (bytes queued, not yet written): 64 KiB … 256 MiB, the
+# default TOO_FAR_BEHIND bound.
+BACKLOG_BUCKETS = tuple(float(1 << s) for s in range(16, 29, 2))
+# Fill and FETCH durations: a few ms from memory up to the default FILL_TIMEOUT and beyond.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0)
+
+
+def _code_name(enum: Any, code: int) -> str:
+    """A spec code as a bounded label value: its name, or "other" for codes we do not know
+    (a peer chooses the code it closes with)."""
+    try:
+        return str(enum(code).name.lower())
+    except ValueError:
+        return "other"
+
+
+def _suffix_counts(values: dict[str, int], prefix: str) -> Iterator[tuple[str, int]]:
+    for key, n in list(values.items()):
+        if key.startswith(prefix):
+            yield key[len(prefix):], n
+
+
+class RelayCollector(Collector):
+    """Reads a Relay's counters and state when scraped."""
+
+    def __init__(self, relay: Relay, store: TieredStore) -> None:
+        self.relay = relay
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        relay = self.relay
+        c = relay.counters.values
+        yield from self._sessions(c)
+        yield from self._requests(c)
+
+        g = GaugeMetricFamily(P + "subscriptions_active",
+                              "Downstream subscriptions being served.")
+        g.add_metric([], sum(len(t.forwarders) for t in list(relay.tracks.values())))
+        yield g
+        for key, doc in (("fills_active", "Fills being served from the cache."),
+                         ("fetches_active", "FETCHes being served from the cache.")):
+            g = GaugeMetricFamily(P + key, doc)
+            g.add_metric([], c.get(key, 0))
+            yield g
+        g = GaugeMetricFamily(P + "tracks", "Tracks the relay knows (cached or live).")
+        g.add_metric([], len(relay.tracks))
+        yield g
+
+        yield _counter("objects_received", "Objects received from publishers and upstream "
+                       "subscriptions.", c.get("objects_received", 0))
+        yield _counter("received_bytes", "Payload bytes of the Objects received.",
+                       c.get("bytes_received", 0))
+        sent = CounterMetricFamily(P + "objects_sent", "Objects sent downstream, by path.",
+                                   labels=["path"])
+        sent_b = CounterMetricFamily(P + "sent_bytes", "Payload bytes sent downstream, by path.",
+                                     labels=["path"])
+        sent.add_metric(["subscription"], c.get("objects_sent", 0))
+        sent_b.add_metric(["subscription"], c.get("bytes_sent", 0))
+        for op in OPS:
+            sent.add_metric([op], sum(c.get(f"{op}_objects_{t}", 0) for t in TIERS))
+            sent_b.add_metric([op], c.get(f"{op}_bytes", 0))
+        yield sent
+        yield sent_b
+
+        hits = CounterMetricFamily(P + "cache_hits", "Objects of fills and FETCHes served "
+                                   "from a cache tier.", labels=["op", "tier"])
+        misses = CounterMetricFamily(P + "cache_misses", "Ranges of fills and FETCHes no "
+                                     "tier held, looked up upstream.", labels=["op"])
+        unknown = CounterMetricFamily(P + "unknown_ranges", "Ranges of fills and FETCHes "
+                                      "reported unknown or timed out.", labels=["op"])
+        for op in OPS:
+            for t in TIERS:
+                hits.add_metric([op, t], c.get(f"{op}_objects_{t}", 0))
+            misses.add_metric([op], c.get(f"{op}_upstream_lookups", 0))
+            unknown.add_metric([op], c.get(f"{op}_unknown_ranges", 0))
+        yield hits
+        yield misses
+        yield unknown
+
+        yield _counter("upstream_subscriptions", "Subscriptions the relay made to publishers "
+                       "or upstream relays.", c.get("upstream_subscriptions", 0))
+        yield _counter("upstream_fetches", "FETCHes the relay sent to publishers or upstream "
+                       "relays (after coalescing).", c.get("upstream_fetches", 0))
+        yield _counter("upstream_fetched_objects", "Objects received by upstream FETCHes.",
+                       c.get("upstream_fetch_objects", 0))
+        up = relay.upstream
+        g = GaugeMetricFamily(P + "upstream_connected",
+                              "1 while an upstream relay session is open.")
+        g.add_metric([], 1 if up is not None and up.session is not None else 0)
+        yield g
+
+        yield from self._storage(c)
+
+        buckets, total = _backlog_buckets(relay)
+        yield GaugeHistogramMetricFamily(
+            P + "subscriber_backlog_bytes", "Bytes queued per downstream subscription, "
+            "not yet written (distribution at scrape time).", buckets=buckets,
+            gsum_value=total)
+        yield _counter("too_far_behind", "Subscriptions ended as too far behind.",
+                       c.get("too_far_behind", 0))
+        yield _counter("authorization_failures", "Requests refused for want of a valid "
+                       "token.", c.get("auth_failures", 0))
+        g = GaugeMetricFamily(P + "draining", "1 once GOAWAY was sent to every session.")
+        g.add_metric([], 1 if relay.draining else 0)
+        yield g
+
+    def _sessions(self, c: dict[str, int]) -> Iterator[Metric]:
+        open_ = GaugeMetricFamily(P + "sessions_open", "MOQT sessions open.",
+                                  labels=["transport"])
+        counts = dict.fromkeys(TRANSPORTS, 0)
+        for s in list(self.relay.sessions):
+            t = getattr(s.conn, "transport", "quic")
+            counts[t] = counts.get(t, 0) + 1
+        for t, n in counts.items():
+            open_.add_metric([t], n)
+        yield open_
+        acc = CounterMetricFamily(P + "sessions_accepted", "MOQT sessions set up.",
+                                  labels=["transport"])
+        for t in TRANSPORTS:
+            acc.add_metric([t], c.get(f"sessions_accepted_{t}", 0))
+        yield acc
+        closed = CounterMetricFamily(P + "sessions_closed", "MOQT sessions closed, by "
+                                     "transport and session close code.",
+                                     labels=["transport", "code"])
+        merged: dict[tuple[str, str], int] = {}
+        for t in TRANSPORTS:
+            for code, n in _suffix_counts(c, f"sessions_closed_{t}_"):
+                k = (t, _code_name(SessionErrorCode, int(code)))
+                merged[k] = merged.get(k, 0) + n
+        for (t, code), n in sorted(merged.items()):
+            closed.add_metric([t, code], n)
+        yield closed
+
+    def _requests(self, c: dict[str, int]) -> Iterator[Metric]:
+        fam = CounterMetricFamily(P + "requests", "Requests received, by message type and "
+                                  "result (ok or the REQUEST_ERROR code name).",
+                                  labels=["type", "result"])
+        merged: dict[tuple[str, str], int] = {}
+        for rest, n in _suffix_counts(c, "request_"):
+            mtype, _, result = rest.rpartition("_")
+            if result != "ok":
+                result = _code_name(RequestErrorCode, int(result))
+            k = (mtype.lower(), result)
+            merged[k] = merged.get(k, 0) + n
+        for (mtype, result), n in sorted(merged.items()):
+            fam.add_metric([mtype, result], n)
+        yield fam
+
+    def _storage(self, c: dict[str, int]) -> Iterator[Metric]:
+        stats = self.store.stats()
+        mem = stats["memory"]
+        lm = stats.get("lmdb")
+        used = GaugeMetricFamily(P + "stored_bytes", "Bytes held per cache tier.",
+                                 labels=["tier"])
+        cap = GaugeMetricFamily(P + "capacity_bytes", "Byte bound per cache tier.",
+                                labels=["tier"])
+        ev = CounterMetricFamily(P + "evictions", "Evictions per tier (memory evicts "
+                                 "Groups, LMDB whole Tracks).", labels=["tier"])
+        ev_b = CounterMetricFamily(P + "evicted_bytes", "Bytes evicted per tier.",
+                                   labels=["tier"])
+        used.add_metric(["memory"], mem["bytes_used"])
+        cap.add_metric(["memory"], mem["capacity"])
+        ev.add_metric(["memory"], mem["evicted_groups"])
+        ev_b.add_metric(["memory"], mem["evicted_bytes"])
+        if lm is not None:
+            used.add_metric(["lmdb"], lm["bytes_used"])
+            cap.add_metric(["lmdb"], lm["capacity"])
+            ev.add_metric(["lmdb"], lm["evicted_tracks"])
+        yield from (used, cap, ev, ev_b)
+        g = GaugeMetricFamily(P + "lmdb_tracks", "Tracks held in LMDB.")
+        g.add_metric([], lm["tracks"] if lm is not None else 0)
+        yield g
+        yield _counter("lmdb_committed_tracks", "Complete Tracks committed to LMDB.",
+                       c.get("lmdb_committed_tracks", 0))
+        yield _counter("lmdb_committed_bytes", "Bytes committed to LMDB.",
+                       c.get("lmdb_committed_bytes", 0))
+        yield _counter("lmdb_full", "Commits refused because LMDB was full (the Track stays "
+                       "in memory).", c.get("lmdb_full", 0))
+
+
+def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
+    return CounterMetricFamily(P + name, doc, value=value)
+
+
+def _backlog_buckets(relay: Relay) -> tuple[list[tuple[str, float]], float]:
+    """Cumulative buckets and the sum of every live subscription's backlog."""
+    backlogs = [f.backlog for t in list(relay.tracks.values()) for f in list(t.forwarders)]
+    out = [(str(b), float(sum(1 for x in backlogs if x <= b))) for b in BACKLOG_BUCKETS]
+    out.append(("+Inf", float(len(backlogs))))
+    return out, float(sum(backlogs))
+
+
+class RelayMetrics:
+    """The per-relay registry: the collector plus the latency histograms."""
+
+    def __init__(self, relay: Relay, store: TieredStore) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(RelayCollector(relay, store))
+        for op in OPS:
+            h = Histogram(P + f"{op}_duration_seconds",
+                          f"Time to serve a {op} from the cache, from accept to the last "
+                          "Object written.", buckets=LATENCY_BUCKETS, registry=self.registry)
+            relay.counters.observers[f"{op}_seconds"] = h.observe
+
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition for an ``Accept`` header (OpenMetrics when asked for)."""
+        if "application/openmetrics-text" in accept:
+            return _om.generate_latest(self.registry), _om.CONTENT_TYPE_LATEST
+        return _expo.generate_latest(self.registry), _expo.CONTENT_TYPE_LATEST
+
+
+ReadyCheck = Callable[[], Awaitable[list[str]]]
+
+
+class MetricsServer:
+    """A small HTTP/1.1 server on the relay's loop: /metrics, /healthz, /readyz."""
+
+    def __init__(self, metrics: RelayMetrics, ready: ReadyCheck) -> None:
+        self.metrics = metrics
+        self.ready = ready
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._serve, host, port)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self._server is not None
+        sock = self._server.sockets[0].getsockname()
+        return sock[0], sock[1]
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(10.0):  # a stuck client must not hold a task forever
+                head = await reader.readuntil(b"\r\n\r\n")
+                status, ctype, body = await self._route(head)
+                writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+                             b"Connection: close\r\n\r\n" % (
+                                 status, _REASONS[status], ctype.encode(), len(body)) + body)
+                await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError):
+            pass
+        except Exception:
+            log.exception("metrics request failed")
+        finally:
+            writer.close()
+
+    async def _route(self, head: bytes) -> tuple[int, str, bytes]:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
+            return 405, "text/plain", b"method not allowed\n"
+        path = parts[1].split("?", 1)[0]
+        headers = {k.strip().lower(): v.strip() for k, _, v in
+                   (ln.partition(":") for ln in lines[1:] if ln)}
+        if path == "/metrics":
+            body, ctype = self.metrics.render(headers.get("accept", ""))
+            return 200, ctype, body
+        if path == "/healthz":
+            return 200, "text/plain", b"ok\n"
+        if path == "/readyz":
+            problems = await self.ready()
+            if problems:
+                return 503, "text/plain", ("\n".join(problems) + "\n").encode()
+            return 200, "text/plain", b"ready\n"
+        return 404, "text/plain", b"not found\n"
+
+
+_REASONS = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed",
+            503: b"Service Unavailable"}
+
+__all__ = ["MetricsServer", "ReadyCheck", "RelayCollector", "RelayMetrics"]

@@ -1,0 +1,136 @@
+"""Configuration: flag > env > file > default, secrets masked, one-line errors with exit 2,
+every key documented; logs in JSON with tokens scrubbed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relay import logs
+from relay.config import KEYS, ConfigError, load, render
+
+ROOT = Path(__file__).resolve().parents[2]
+KVCS = [sys.executable, "-m", "relay.cli"]
+
+
+def _file(tmp: Path, text: str) -> Path:
+    p = tmp / "relay.toml"
+    p.write_text(text)
+    return p
+
+
+def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
+    f = _file(tmp_path, 'listen = "127.0.0.1:1111"\nmemory_bytes = 100\nlmdb_bytes = 200\n'
+              'upstream = ["moqt://127.0.0.1:7/"]\n')
+    env = {"KVCS_RELAY_MEMORY_BYTES": "300", "KVCS_RELAY_LMDB_BYTES": "400"}
+    s = load({"lmdb_bytes": "500"}, env, f)
+    assert s.lmdb_bytes == 500 and s.sources["lmdb_bytes"] == "flag --lmdb-bytes"
+    assert s.memory_bytes == 300 and s.sources["memory_bytes"] == "env KVCS_RELAY_MEMORY_BYTES"
+    assert s.listen == ("127.0.0.1", 1111) and s.sources["listen"].startswith("file ")
+    assert s.upstream == ["moqt://127.0.0.1:7/"]
+    assert s.drain_timeout == 10.0 and s.sources["drain_timeout"] == "default"
+    # env lists are comma-separated; env may name the file
+    s = load({}, {"KVCS_RELAY_CONFIG": str(f), "KVCS_RELAY_UPSTREAM": "a, b"})
+    assert s.upstream == ["a", "b"] and s.memory_bytes == 100
+    cfg = load({"metrics_listen": "off", "fill_timeout": "2.5"}, {}).relay_config()
+    assert cfg.metrics_listen is None and cfg.options.default_fill_timeout == 2.5
+
+
+@pytest.mark.parametrize(("flags", "env", "text", "needle"), [
+    ({"listen": "nope"}, {}, "", "listen (flag --listen)"),
+    ({}, {"KVCS_RELAY_MEMORY_BYTES": "lots"}, "", "memory_bytes (env KVCS_RELAY_MEMORY_BYTES)"),
+    ({}, {}, "colour = 1\n", "unknown key 'colour'"),
+    ({}, {}, "listen = [\n", "relay.toml"),
+    ({}, {}, '[[auth.tokens]]\ntoken = "t"\nroles = ["admin"]\n', "unknown role"),
+    ({"cert": __file__}, {}, "", "cert and key go together"),
+    ({}, {"KVCS_RELAY_LOG_FORMAT": "xml"}, "", "log_format"),
+])
+def test_invalid_values_name_the_key_and_source(tmp_path: Path, flags: dict[str, str],
+                                                env: dict[str, str], text: str,
+                                                needle: str) -> None:
+    f = _file(tmp_path, text) if text else None
+    with pytest.raises(ConfigError) as e:
+        load(flags, env, f)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("KVCS_RELAY_")}
+    full.update(env)
+    full["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(KVCS + args, env=full, cwd=cwd, capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_print_config_masks_secrets_and_shows_sources(tmp_path: Path) -> None:
+    f = _file(tmp_path, 'memory_bytes = 100\n[[auth.tokens]]\ntoken = "hunter2-secret"\n'
+              'prefixes = ["kvcs-1"]\nroles = ["publish"]\n')
+    p = _run(["relay", "--config", str(f), "--print-config", "--listen", "127.0.0.1:5"],
+             {"KVCS_RELAY_LOG_FORMAT": "json"}, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "hunter2-secret" not in p.stdout + p.stderr
+    assert 'token = "***"' in p.stdout
+    assert 'listen = "127.0.0.1:5"  # flag --listen' in p.stdout
+    assert 'log_format = "json"  # env KVCS_RELAY_LOG_FORMAT' in p.stdout
+    assert "memory_bytes = 100  # file" in p.stdout
+    assert not (tmp_path / "data").exists()  # printing starts nothing
+
+
+def test_invalid_configuration_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    for args, env in ((["relay", "--drain-timeout", "-1"], {}),
+                      (["relay"], {"KVCS_RELAY_LISTEN": "127.0.0.1:99999"}),
+                      (["relay", "--config", str(tmp_path / "missing.toml")], {})):
+        p = _run(args, env, tmp_path)
+        assert p.returncode == 2, (args, p.stderr)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+        assert "Traceback" not in p.stderr
+
+
+def test_tokens_file_adds_tokens(tmp_path: Path) -> None:
+    t = tmp_path / "tokens.toml"
+    t.write_text('[[auth.tokens]]\ntoken = "b"\nprefixes = ["kvcs-1"]\nroles = ["subscribe"]\n')
+    f = _file(tmp_path, f'tokens_file = "{t}"\n[[auth.tokens]]\ntoken = "a"\n')
+    s = load({}, {}, f)
+    assert [x["token"] for x in s.auth_tokens] == ["a", "b"]
+    assert "\"b\"" not in render(s)
+    t.write_text('listen = "127.0.0.1:1"\n')
+    with pytest.raises(ConfigError, match="holds only"):
+        load({}, {}, f)
+
+
+def test_every_key_is_documented_with_its_flag_and_env() -> None:
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for k in KEYS:
+        row = next((ln for ln in doc.splitlines() if ln.startswith(f"| `{k.name}` ")), "")
+        assert f"`{k.flag}`" in row and f"`{k.env}`" in row, k.name
+    assert "[[auth.tokens]]" in doc
+
+
+def test_render_round_trips_through_the_file_loader(tmp_path: Path) -> None:
+    s = load({"upstream": ("moqt://127.0.0.1:7/",), "metrics_listen": "off"}, {})
+    f = _file(tmp_path, render(s))
+    again = load({}, {}, f)
+    assert again.values == s.values
+
+
+def test_json_logs_scrub_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        logs.setup("INFO", "json", secrets=["tok-123"])
+        logging.getLogger("kvcs.relay").info("session closed: code 0x%x %s", 0x3, "tok-123",
+                                             extra={"code": 3})
+        line = capsys.readouterr().err.strip()
+        rec = json.loads(line)
+        assert rec["msg"] == "session closed: code 0x3 ***" and rec["code"] == 3
+        assert rec["level"] == "info" and rec["logger"] == "kvcs.relay"
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])

@@ -45,7 +45,7 @@ from relay.session import (
 )
 from relay.session.errors import SessionFailure
 from relay.transport import Connection, TransportError
-from storage.interface import IncompleteTrackError, StorageFullError, StoredObject, Tier
+from storage.interface import OBJECT_MAX, IncompleteTrackError, StorageFullError, StoredObject, Tier
 from storage.tiered import TieredStore
 
 from .auth import Authorizer, Role, token_values
@@ -223,8 +223,11 @@ class Relay:
             if not sources:
                 return RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
             cold = track.largest() is None
+            # our own choices, explicit so the upstream's defaults cannot change how we decode
             params = Params(location_filter=LocationFilter.next_object(), forward=True,
-                            fill=Params(location_filter=LocationFilter.absolute_start(0, 0))
+                            group_order=GroupOrder.ASCENDING,
+                            fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
+                                        group_order=GroupOrder.ASCENDING)
                             if cold else None)
             for src in sources:
                 try:
@@ -267,7 +270,14 @@ class Relay:
         up = await self._upstream_session()
         if up is not None and up not in sources:
             sources.append(up)
-        lf = LocationFilter.absolute_range(start, end)
+        # Open-ended and whole-Group ends use the filters made for them (some peers reject
+        # an explicit End Object of 2^64-1).
+        if end.group == OBJECT_MAX and end.object == OBJECT_MAX:
+            lf = LocationFilter.absolute_start(start.group, start.object)
+        elif end.object == OBJECT_MAX:
+            lf = LocationFilter.absolute_group_end(start.group, start.object, end.group)
+        else:
+            lf = LocationFilter.absolute_range(start, end)
         for src in sources:
             try:
                 resp = await src.fetch(track.full_name.namespace, track.full_name.name,
@@ -282,8 +292,16 @@ class Relay:
                             ev.group, ev.subgroup, ev.object_id, ev.priority, 0,
                             ev.properties or b"", ev.payload))
                 # FIN, no Range filters: what was skipped up to End Location does not exist
-                if resp.end_location is not None:
-                    track.mark_absent(start, min(end, resp.end_location))
+                # (§10 item 6). For "all of Group G", End Location is the last Location the
+                # responder knows in G (§7.10); once the Track has moved past G, G ends there.
+                covered = resp.end_location
+                if covered is not None:
+                    largest = track.largest()
+                    if lf.type == LocationFilterType.ABSOLUTE_START_GROUP_END and \
+                            covered.group == end.group and largest is not None and \
+                            largest.group > end.group:
+                        covered = end
+                    track.mark_absent(start, min(end, covered))
                 return True
             except (RequestRejected, StreamAborted, SessionFailure, TransportError) as e:
                 log.info("upstream FETCH for %r failed: %s", track, e)
@@ -348,6 +366,23 @@ def _tokens(session: MoqtSession | None, params: Params) -> list[bytes]:
     if session is not None and session.peer_setup is not None:
         tokens += token_values(session.peer_setup.authorization_tokens)
     return tokens
+
+
+def _group_order(track: RelayTrack, *chosen: GroupOrder | None) -> GroupOrder:
+    """A fill's effective Group Order (§9.4): the first one chosen, else the Track's
+    DEFAULT_PUBLISHER_GROUP_ORDER property, else Ascending — what the subscriber decodes with."""
+    for order in chosen:
+        if order is not None:
+            return order
+    for p in track.properties:
+        if p.type == 0x22 and p.value in (1, 2):
+            return GroupOrder(p.value)
+    return GroupOrder.ASCENDING
+
+
+def _props(track: RelayTrack, params: Params) -> tuple[Any, ...]:
+    """The Track's Properties as received upstream, unless INCLUDE_PROPERTIES is 0 (§12)."""
+    return () if params.include_properties is False else tuple(track.properties)
 
 
 def _id_ranges(params: Params) -> list[tuple[int, int | None]] | None:
@@ -434,11 +469,14 @@ class RelayHandler(SessionHandler):
             while not req.cancelled.is_set():
                 get = asyncio.ensure_future(queue.get())
                 cancelled = asyncio.ensure_future(req.cancelled.wait())
-                done, _ = await asyncio.wait({get, cancelled},
-                                             return_when=asyncio.FIRST_COMPLETED)
-                cancelled.cancel()
+                try:
+                    done, _ = await asyncio.wait({get, cancelled},
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                finally:  # also when this handler is cancelled with its session
+                    cancelled.cancel()
+                    if not get.done():
+                        get.cancel()
                 if get not in done:
-                    get.cancel()
                     break
                 ns, active = get.result()
                 await (req.announce(ns) if active else req.withdraw(ns))
@@ -457,7 +495,8 @@ class RelayHandler(SessionHandler):
             return
         track = relay.track(req.full_name)
         err = await relay.ensure_upstream(track)
-        if err is not None:
+        ended = err is not None and track.store.known_final(track.key) is not None
+        if err is not None and not ended:
             await req.reject(err.code, err.reason)
             return
         session = self._sess(req)
@@ -471,7 +510,7 @@ class RelayHandler(SessionHandler):
                         on_close=lambda f: track.forwarders.discard(f))
         track.forwarders.add(fwd)
         try:
-            served = await req.accept(largest)
+            served = await req.accept(largest, properties=_props(track, params))
         except BaseException:
             fwd.close()
             raise
@@ -479,11 +518,15 @@ class RelayHandler(SessionHandler):
         served.on_update = lambda msg: self._on_update(track, served, fwd, msg)
         fwd.counters = relay.counters
         relay.counters.inc("subscriptions")
-        if not track.live:  # the upstream ended while we answered
-            fwd.upstream_done(0x2, "track ended")
         fill = params.fill
         if fill is not None and largest is not None and served.forward:
-            session.spawn(self._serve_fill(track, served, params, largest), "fill")
+            # the fill stream is open before PUBLISH_DONE can be sent (it counts, §7.7)
+            await self._serve_fill(track, served, params, largest)
+        if not track.live:
+            # The upstream ended while we answered, or the Track had ended before: a relay
+            # holding an ended Track answers from cache and ends the subscription at once
+            # rather than refusing it (see docs/relay.md).
+            fwd.upstream_done(0x2, "track ended")
         await fwd.wait_finished(served.cancelled)
 
     async def _on_update(self, track: RelayTrack, served: Any, fwd: Forwarder,
@@ -505,8 +548,7 @@ class RelayHandler(SessionHandler):
             merged = Params(location_filter=p.location_filter or served.params.location_filter,
                             group_order=served.params.group_order, fill=p.fill,
                             range_filters=served.params.range_filters)
-            self._sess_of(served).spawn(
-                self._serve_fill(track, served, merged, largest, msg.request_id), "fill")
+            await self._serve_fill(track, served, merged, largest, msg.request_id)
         return Params(largest_object=largest)
 
     @staticmethod
@@ -515,6 +557,7 @@ class RelayHandler(SessionHandler):
 
     async def _serve_fill(self, track: RelayTrack, served: Any, params: Params,
                           largest: Location, request_id: int | None = None) -> None:
+        """Open the fill fetch stream now; walk and write it in a task of the session."""
         fill = params.fill
         assert fill is not None
         lf = fill.location_filter if fill.location_filter is not None else params.location_filter
@@ -523,16 +566,26 @@ class RelayHandler(SessionHandler):
         rng = resolve_fetch_range(lf, largest)
         if rng is None or rng.is_empty or rng.end is None:
             return
-        order = fill.group_order or params.group_order or GroupOrder.ASCENDING
+        order = _group_order(track, fill.group_order, params.group_order)
         merged = Params(range_filters=fill.range_filters or params.range_filters)
         timeout = fill.fill_timeout / 1000 if fill.fill_timeout is not None \
             else self.relay.options.default_fill_timeout
-        lease = track.store.pin(track.key, rng.start.group, rng.end.group)
+        try:
+            writer = await served.open_fill(request_id, group_order=order)
+        except (TransportError, SessionFailure):
+            return
+        self._sess_of(served).spawn(
+            self._write_fill(track, writer, rng.start, rng.end, order, merged, timeout),
+            "fill")
+
+    async def _write_fill(self, track: RelayTrack, writer: Any, start: Location,
+                          end: Location, order: GroupOrder, merged: Params,
+                          timeout: float) -> None:
+        lease = track.store.pin(track.key, start.group, end.group)
         started = asyncio.get_running_loop().time()
         self.relay.counters.inc("fills_active")
         try:
-            writer = await served.open_fill(request_id, group_order=order)
-            stats = await track.serve_range(writer, rng.start, rng.end, order,
+            stats = await track.serve_range(writer, start, end, order,
                                             _id_ranges(merged), timeout,
                                             self.relay.fetch_upstream,
                                             self.relay.options.in_flight_wait)
@@ -585,12 +638,13 @@ class RelayHandler(SessionHandler):
                 end.group == lf.end_group:
             g_end = track.store.group_end(track.key, end.group)
             if g_end is not None:
-                end = Location(end.group, min(end.object, g_end))
+                # the last Location known in the Group (§7.10), never below the start
+                end = max(Location(end.group, min(end.object, g_end)), rng.start)
         final = track.store.known_final(track.key)
         end_of_track = final is not None and Location(final.group, final.object) <= end and \
             end >= largest
         started = asyncio.get_running_loop().time()
-        writer = await req.accept(end_of_track, end)
+        writer = await req.accept(end_of_track, end, _props(track, params))
         timeout = params.fill_timeout / 1000 if params.fill_timeout is not None \
             else relay.options.default_fill_timeout
         lease = track.store.pin(track.key, rng.start.group, end.group)

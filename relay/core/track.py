@@ -91,6 +91,7 @@ class RelayTrack:
         # from "unknown". Only the gaps are recorded, so an Object evicted later is unknown
         # again, never absent.
         self.absent: list[tuple[Location, Location]] = []
+        self.properties: tuple[Any, ...] = ()  # Track Properties from upstream (§12)
         self._commit_again = False
         self.counters: Any = None  # the Relay's Counters (objects received)
 
@@ -135,6 +136,9 @@ class RelayTrack:
         if sub not in self.upstreams:
             self.upstreams.append(sub)
         self.note_largest(sub.largest)
+        if sub.track_properties:
+            # the most recent set replaces the cached one (§12); forwarded unchanged
+            self.properties = sub.track_properties
 
     async def ingest(self, sub: Subscription) -> None:
         """Cache and fan out everything the upstream subscription delivers."""

@@ -128,3 +128,27 @@ async def test_subscribe_to_unknown_track_and_fetch_past_the_end_are_refused(
             raise AssertionError("FETCH of an unknown Track was accepted")
     finally:
         await r.close()
+
+
+async def test_subscribe_after_the_publisher_left_gets_the_cache_then_track_ended(
+        tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=3)
+        for g in range(3):
+            await track.group(g, group_payloads(g, 4))
+        await track.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        await pub.aclose()
+        s = await client(r)
+        sub = await asyncio.wait_for(s.subscribe(name.namespace, name.name, live_params()),
+                                     TIMEOUT)
+        assert sub.largest == Location(3, 0)
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        assert got.objects == track.sent and got.duplicates == []
+        assert got.done is not None and got.done.status == 0x2  # TRACK_ENDED
+    finally:
+        await r.close()

@@ -1,0 +1,329 @@
+"""Interop through OUR relay with moq-rs 0.5.1 (the Rust moq library, PyPI ``moq-rs``).
+
+moq-rs concepts on the wire (checked against the relay's view of its messages):
+
+* a broadcast path ``"a/b"`` is the Track Namespace ``(b"a", b"b")`` (split on ``/``), a track
+  name is the Track Name, a group is a Group (one subgroup, 0), a frame is an Object (Object
+  IDs 0, 1, 2... in frame order); a frame's ``timestamp_us`` travels as Object Property 0x10
+  and is only decoded when the SUBSCRIBE_OK carries the Track Property 0x08 (timescale).
+* publishing: ``create_broadcast`` + ``announce`` sends PUBLISH_NAMESPACE; the track is served
+  on SUBSCRIBE (moq-rs never sends PUBLISH). ``TrackProducer.finish`` sends End of Track
+  alone on its own stream, then PUBLISH_DONE.
+* every moq-rs session sends SUBSCRIBE_NAMESPACE (empty prefix) on connect and learns
+  broadcasts from NAMESPACE; ``announced_broadcast(path)`` resolves on it.
+* subscribing: ``subscribe_track`` sends SUBSCRIBE with Next Object + FILL_PARAMETERS
+  (Relative Start 1: the current Group from its first Object), Descending (and priority 255
+  for the default ``Subscription``); ``group_start``/``group_end`` never reach the wire, and
+  it returns after SUBSCRIBE_OK. A second ``subscribe_track`` on the same session is served
+  from moq-rs's own cache (no new SUBSCRIBE). ``Subscription.max_age_us`` is a consumer-side
+  knob: with the default 0 a group overtaken by a newer one is skipped locally, so these
+  tests raise it.
+* ``fetch_group(name, g)`` sends a SUBSCRIBE first, then FETCH with LOCATION_FILTER 0x03
+  (Absolute Start {g, 0} + Group End, delta 0), Ascending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import interop_sys_path  # noqa: F401  (before relay_helpers: puts tests/core on sys.path)
+import pytest
+from relay_helpers import (
+    TIMEOUT,
+    client,
+    drain,
+    group_payloads,
+    live_params,
+    push_track,
+    relay_at,
+    wait_cached,
+)
+
+from relay.core.relay import RelayOptions
+from relay.moqt.codes import ObjectStatus
+from relay.moqt.primitives import FullTrackName, Location
+from relay.service import RunningRelay
+from relay.session import MoqtSession, NamespaceEvent
+
+moq = pytest.importorskip("moq")
+
+# moq-rs consumers skip a group that a newer group overtook unless it is younger than this.
+NO_SKIP = moq.Subscription(max_age_us=3_600_000_000)
+
+
+def moq_client(r: RunningRelay) -> Any:
+    """A one-shot moq-rs client on native QUIC (ALPN moqt-22) trusting the relay's cert."""
+    return moq.connect(r.url, tls_roots=[str(r.certfile)], websocket_enabled=False,
+                       reconnect=False)
+
+
+async def wait_namespace(s: MoqtSession, namespace: tuple[bytes, ...]) -> None:
+    """Until the relay announces ``namespace`` (its PUBLISH_NAMESPACE was accepted)."""
+    nsub = await asyncio.wait_for(s.subscribe_namespace(namespace[:1]), TIMEOUT)
+    async with asyncio.timeout(TIMEOUT):
+        async for ev in nsub:
+            if isinstance(ev, NamespaceEvent) and ev.active and ev.namespace == namespace:
+                break
+    nsub.cancel()
+
+
+async def moq_groups(tc: Any) -> tuple[dict[int, list[bytes]], list[int]]:
+    """Read a moq-rs TrackConsumer to its end: frames per group, and groups delivered twice."""
+    groups: dict[int, list[bytes]] = {}
+    again: list[int] = []
+    async for grp in tc.groups_as_arrived():
+        frames = [bytes(f.payload) async for f in grp]
+        if grp.sequence in groups:
+            again.append(grp.sequence)
+            groups[grp.sequence] += frames
+        else:
+            groups[grp.sequence] = frames
+    return groups, again
+
+
+def by_group(objects: dict[Location, bytes]) -> dict[int, list[bytes]]:
+    """Our subscriber's Objects as moq-rs sees them: per Group, in Object ID order (the IDs
+    must be 0..n-1, since moq-rs frames carry no ID)."""
+    out: dict[int, list[bytes]] = {}
+    for loc in sorted(objects):
+        frames = out.setdefault(loc.group, [])
+        assert loc.object == len(frames), f"Object IDs of Group {loc.group} not 0..n-1"
+        frames.append(objects[loc])
+    return out
+
+
+# -- 1. moq-rs publisher -> relay -> moq-rs subscriber + our subscriber -----------------------
+
+
+async def test_moqrs_publisher_to_moqrs_and_kvcs_subscribers_bit_identical(
+        tmp_path: Path) -> None:
+    sent = {
+        0: [b"", b"\x00", os.urandom(1500)],  # an empty frame is a zero-length Normal Object
+        1: [os.urandom(100_000)],  # spans many QUIC packets
+        2: [bytes(range(256)) * 4, os.urandom(7), os.urandom(3000), os.urandom(1)],
+        3: [os.urandom(n) for n in (10, 20, 30, 40, 50)],
+    }
+    ns = (b"iop", b"live")
+    r = await relay_at(tmp_path)
+    try:
+        async with moq_client(r) as mpub, moq_client(r) as msub:
+            bcast = mpub.create_broadcast("iop/live")
+            track = bcast.publish_track("t0")
+            bcast.announce()
+
+            ours = await client(r)
+            await wait_namespace(ours, ns)
+            sub = await asyncio.wait_for(ours.subscribe(ns, b"t0", live_params()), TIMEOUT)
+            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/live"), TIMEOUT)
+            tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            # both downstream subscriptions are registered; one upstream SUBSCRIBE serves both
+            assert r.relay.counters.get("subscriptions") == 2
+            assert r.relay.counters.get("upstream_subscriptions") == 1
+
+            for g in sorted(sent):
+                grp = track.append_group()
+                assert grp.sequence == g
+                for i, payload in enumerate(sent[g]):
+                    grp.write_frame(payload, 1000 * g + i)
+                grp.finish()
+            track.finish()
+
+            async with asyncio.timeout(TIMEOUT):
+                got, (mgot, again) = await asyncio.gather(drain(sub), moq_groups(tc))
+            await ours.aclose()
+    finally:
+        await r.close()
+
+    assert got.duplicates == [] and got.resets == []
+    assert by_group(got.objects) == sent
+    assert got.statuses == {Location(len(sent), 0): ObjectStatus.END_OF_TRACK}
+    assert got.done is not None and got.done.status == 0x2  # TRACK_ENDED
+    assert again == []
+    assert mgot == sent
+
+
+async def test_moqrs_frame_timestamps_survive_the_relay(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    try:
+        async with moq_client(r) as mpub, moq_client(r) as msub:
+            bcast = mpub.create_broadcast("iop/ts")
+            track = bcast.publish_track("t0")
+            bcast.announce()
+            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/ts"), TIMEOUT)
+            tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            sent = {0: [(b"a", 1234), (b"b", 5678)], 1: [(b"c", 99)]}
+            for g in sorted(sent):
+                grp = track.append_group()
+                for payload, ts in sent[g]:
+                    grp.write_frame(payload, ts)
+                grp.finish()
+            track.finish()
+            got: dict[int, list[tuple[bytes, int]]] = {}
+            async with asyncio.timeout(TIMEOUT):
+                async for grp in tc.groups_as_arrived():
+                    got[grp.sequence] = [(bytes(f.payload), f.timestamp_us) async for f in grp]
+    finally:
+        await r.close()
+    assert got == sent
+
+
+# -- 2. a moq-rs subscriber joining late -----------------------------------------------------
+
+
+@pytest.mark.parametrize("join", ["group_boundary", "mid_group"])
+async def test_moqrs_late_subscriber_gets_the_current_group_then_live_once(
+        tmp_path: Path, join: str) -> None:
+    """moq-rs joins with Next Object + FILL_PARAMETERS Relative Start 1: the relay fills the
+    current Group (L.Group) from its cache and forwards everything after L live. Nothing
+    older than the current Group, nothing twice, the fill and the live tail of a Group
+    spliced into one moq-rs group."""
+    name = FullTrackName((b"iop", b"late"), b"t0")
+    payload = {(g, i): os.urandom(50 + 10 * i) + bytes([g, i]) for g in range(4)
+               for i in range(4)}
+    r = await relay_at(tmp_path)
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=4)  # PUBLISH_NAMESPACE + PUBLISH
+        await track.group(0, [payload[0, i] for i in range(4)])
+        await track.group(1, [payload[1, i] for i in range(4)])
+        if join == "mid_group":
+            w = await track.served.open_subgroup(2, 0, track.priority(2))
+            for i in range(2):
+                await w.write_object(i, payload[2, i])
+            await wait_cached(r, name, Location(2, 1))
+        else:
+            await wait_cached(r, name, Location(1, 4))  # Group 1's End of Group
+
+        async with moq_client(r) as msub:
+            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/late"), TIMEOUT)
+            tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            assert r.relay.counters.get("subscriptions") == 1
+            if join == "mid_group":
+                for i in range(2, 4):
+                    await w.write_object(i, payload[2, i])
+                await w.write_status(4, ObjectStatus.END_OF_GROUP, fin=True)
+            else:
+                await track.group(2, [payload[2, i] for i in range(4)])
+            await track.group(3, [payload[3, i] for i in range(4)])
+            await track.end()
+            async with asyncio.timeout(TIMEOUT):
+                mgot, again = await moq_groups(tc)
+        await pub.aclose()
+    finally:
+        await r.close()
+
+    first = 2 if join == "mid_group" else 1  # L.Group when moq-rs joined
+    assert again == []
+    assert mgot == {g: [payload[g, i] for i in range(4)] for g in range(first, 4)}
+    # the part of the current Group published before the join came from the relay's cache
+    assert r.relay.counters.get("fill_objects_memory") == (2 if join == "mid_group" else 4)
+
+
+# -- 3. moq-rs fetching whole Groups the relay holds in LMDB ----------------------------------
+
+
+async def _stored_track(data_dir: Path, name: FullTrackName, layers: int,
+                        blocks: int) -> dict[Location, bytes]:
+    """Push a complete Track with our publisher, wait for LMDB, stop the relay."""
+    r = await relay_at(data_dir)
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers)
+        for g in range(layers):
+            await track.group(g, group_payloads(g, blocks, 3000))
+        await track.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        await pub.aclose()
+        return track.sent
+    finally:
+        await r.close()
+
+
+async def test_moqrs_fetches_whole_groups_from_lmdb_after_restart(tmp_path: Path) -> None:
+    name = FullTrackName((b"iop", b"stored"), b"t0")
+    layers, blocks = 3, 4
+    sent = await _stored_track(tmp_path, name, layers, blocks)
+
+    r = await relay_at(tmp_path)  # restart on the same data directory
+    try:
+        # moq-rs routes by announcement and SUBSCRIBEs before it FETCHes: the publisher
+        # comes back (PUBLISH, no new Objects) so that SUBSCRIBE finds an upstream.
+        pub = await client(r)
+        await push_track(pub, name, layers)
+        async with moq_client(r) as mc:
+            consumer = await asyncio.wait_for(mc.announced_broadcast("iop/stored"), TIMEOUT)
+            got: dict[int, list[bytes]] = {}
+            for g in (1, 0, 2):
+                grp = await asyncio.wait_for(consumer.fetch_group("t0", g), TIMEOUT)
+                assert grp.sequence == g
+                async with asyncio.timeout(TIMEOUT):
+                    got[g] = [bytes(f.payload) async for f in grp]
+        await pub.aclose()
+        assert got == {g: [sent[Location(g, i)] for i in range(blocks)] for g in range(layers)}
+        assert r.relay.counters.get("fetches") == 3
+        assert r.relay.counters.get("fetch_objects_lmdb") == layers * blocks
+    finally:
+        await r.close()
+
+
+@pytest.mark.xfail(strict=True, raises=moq.Error, reason=(
+    "moq-rs 0.5.1 fetch_group SUBSCRIBEs before it FETCHes. With no publisher left, the relay "
+    "accepts that SUBSCRIBE for a Track it holds ended in LMDB, serves the fill and ends the "
+    "subscription at once with PUBLISH_DONE TRACK_ENDED (docs/relay.md); moq-rs then raises "
+    "Error.NotFound without ever sending its FETCH (a moq-rs limitation)"))
+async def test_moqrs_fetches_from_lmdb_with_no_publisher(tmp_path: Path) -> None:
+    name = FullTrackName((b"iop", b"orphan"), b"t0")
+    sent = await _stored_track(tmp_path, name, 2, 3)
+    r = await relay_at(tmp_path)
+    try:
+        ann = await client(r)  # only makes the namespace routable for moq-rs
+        await asyncio.wait_for(ann.publish_namespace(name.namespace), TIMEOUT)
+        async with moq_client(r) as mc:
+            consumer = await asyncio.wait_for(mc.announced_broadcast("iop/orphan"), TIMEOUT)
+            grp = await asyncio.wait_for(consumer.fetch_group("t0", 1), TIMEOUT)
+            async with asyncio.timeout(TIMEOUT):
+                frames = [bytes(f.payload) async for f in grp]
+        assert frames == [sent[Location(1, i)] for i in range(3)]
+        await ann.aclose()
+    finally:
+        await r.close()
+
+
+# -- relay pulling history it lacks from a moq-rs publisher -----------------------------------
+
+
+async def test_kvcs_subscriber_fill_pulls_history_from_a_moqrs_publisher(
+        tmp_path: Path) -> None:
+    ns = (b"iop", b"hist")
+    sent = {g: [os.urandom(200) + bytes([g, i]) for i in range(3)] for g in range(3)}
+    r = await relay_at(tmp_path, options=RelayOptions(in_flight_wait=0.2,
+                                                      default_fill_timeout=3.0))
+    try:
+        async with moq_client(r) as mpub:
+            bcast = mpub.create_broadcast("iop/hist")
+            track = bcast.publish_track("t0")
+            bcast.announce()
+            for g in (0, 1):  # published before anyone subscribed: only moq-rs has them
+                grp = track.append_group()
+                for p in sent[g]:
+                    grp.write_frame(p)
+                grp.finish()
+            ours = await client(r)
+            await wait_namespace(ours, ns)
+            sub = await asyncio.wait_for(ours.subscribe(ns, b"t0", live_params()), TIMEOUT)
+            assert sub.largest == Location(1, 2)
+            grp = track.append_group()
+            for p in sent[2]:
+                grp.write_frame(p)
+            grp.finish()
+            track.finish()
+            async with asyncio.timeout(TIMEOUT):
+                got = await drain(sub)
+            await ours.aclose()
+    finally:
+        await r.close()
+    assert got.duplicates == []
+    assert by_group(got.objects) == sent

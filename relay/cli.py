@@ -91,5 +91,6 @@ def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
         pass
 
 
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -77,6 +77,7 @@ class Forwarder:
         self.closed = False
         self._done_status: int | None = None
         self._done_reason = ""
+        self._holds = 0
         self.objects_sent = 0
         self.bytes_sent = 0
         self.counters: Any = None  # the Relay's Counters (objects sent, too far behind)
@@ -204,8 +205,17 @@ class Forwarder:
         else:
             w.reset(StreamResetCode.INTERNAL_ERROR if not fin else StreamResetCode.CANCELLED)
 
+    def hold(self) -> None:
+        """Keep PUBLISH_DONE back (e.g. until the fill stream is open: it counts, §7.7)."""
+        self._holds += 1
+
+    def release(self) -> None:
+        self._holds -= 1
+        self._maybe_done()
+
     def _maybe_done(self) -> None:
-        if self._done_status is not None and self.pending == 0 and not self.closed:
+        if self._done_status is not None and self.pending == 0 and not self._holds \
+                and not self.closed:
             status, reason = self._done_status, self._done_reason
             self.close()
             self._spawn(self._send_done(status, reason), "publish-done")

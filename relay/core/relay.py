@@ -509,6 +509,10 @@ class RelayHandler(SessionHandler):
                         max_backlog=relay.options.max_backlog_bytes,
                         on_close=lambda f: track.forwarders.discard(f))
         track.forwarders.add(fwd)
+        fill = params.fill
+        fill_wanted = fill is not None and largest is not None and fwd.forward
+        if fill_wanted:
+            fwd.hold()  # no PUBLISH_DONE before the fill stream exists
         try:
             served = await req.accept(largest, properties=_props(track, params))
         except BaseException:
@@ -518,10 +522,12 @@ class RelayHandler(SessionHandler):
         served.on_update = lambda msg: self._on_update(track, served, fwd, msg)
         fwd.counters = relay.counters
         relay.counters.inc("subscriptions")
-        fill = params.fill
-        if fill is not None and largest is not None and served.forward:
-            # the fill stream is open before PUBLISH_DONE can be sent (it counts, §7.7)
-            await self._serve_fill(track, served, params, largest)
+        if fill_wanted:
+            assert largest is not None
+            try:
+                await self._serve_fill(track, served, params, largest)
+            finally:
+                fwd.release()
         if not track.live:
             # The upstream ended while we answered, or the Track had ended before: a relay
             # holding an ended Track answers from cache and ends the subscription at once

@@ -102,7 +102,9 @@ class RelayTrack:
 
     @property
     def live(self) -> bool:
-        return any(not s.ended for s in self.upstreams)
+        """An upstream subscription is attached and its ingest has not finished: Objects it
+        already queued still count as in flight until ingest has taken them."""
+        return bool(self.upstreams)
 
     def largest(self) -> Location | None:
         """The relay's Largest Object: never less than what upstream reported (§6.3)."""
@@ -219,6 +221,7 @@ class RelayTrack:
             await self._on_commit(self)
             if not self._commit_again:
                 break
+        self._bump()  # wake whoever waits for the commit
 
     async def _upstream_gone(self, status: int | None, reason: str) -> None:
         if self.live:

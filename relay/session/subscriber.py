@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from relay.moqt.codes import (
@@ -66,33 +67,48 @@ _END = object()  # queue sentinel: iteration ends
 
 
 class _EventQueue:
-    """A bounded queue of events with an end marker and a terminal error."""
+    """A bounded queue of events, then an end: a marker or a terminal error.
+
+    ``put`` waits while ``maxsize`` events are queued (that is what stops a stream reader
+    and so withholds QUIC credit from the sender). The end is kept apart from the bound, so
+    ending never drops a queued event: readers get every event, then the end. Only
+    ``end(discard=True)`` (the consumer cancelled) drops what is queued.
+    """
 
     def __init__(self, maxsize: int) -> None:
-        self._q: asyncio.Queue[Any] = asyncio.Queue(maxsize)
+        self._items: deque[Any] = deque()
+        self._max = maxsize
+        self._end: Any = None
+        self._changed = asyncio.Event()
         self.finished = False
 
     async def put(self, item: Any) -> None:
+        while not self.finished and len(self._items) >= self._max:
+            self._changed.clear()
+            await self._changed.wait()
         if not self.finished:
-            await self._q.put(item)
+            self._items.append(item)
+            self._changed.set()
 
-    def put_nowait_end(self, item: Any = _END) -> None:
-        """Terminate: drop what is queued if full, so the end is never lost."""
+    def put_nowait_end(self, item: Any = _END, *, discard: bool = False) -> None:
         if self.finished:
             return
         self.finished = True
-        while self._q.full():
-            self._q.get_nowait()
-        self._q.put_nowait(item)
+        self._end = item
+        if discard:
+            self._items.clear()
+        self._changed.set()
 
     async def get(self) -> Any:
-        item = await self._q.get()
-        if item is _END:
-            self._q.put_nowait(_END)  # keep ending for later readers
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self._q.put_nowait(item)
-            raise item
+        while not self._items:
+            if self.finished:
+                if self._end is _END:
+                    raise StopAsyncIteration
+                raise self._end
+            self._changed.clear()
+            await self._changed.wait()
+        item = self._items.popleft()
+        self._changed.set()  # room for a waiting put
         return item
 
 
@@ -263,7 +279,7 @@ class Subscription:
         self.rs.cancel(code)
         if not self.ended:
             self.ended = True
-            self._events.put_nowait_end()
+            self._events.put_nowait_end(discard=True)
         self._unbind()
 
     async def update(self, params: Params) -> RequestOk:
@@ -357,7 +373,7 @@ class FetchResponse:
         self.rs.cancel(code)
         if not self.ended:
             self.ended = True
-            self._events.put_nowait_end()
+            self._events.put_nowait_end(discard=True)
         self.session.unbind_request(self.request_id)
 
     async def collect(self) -> list[FetchEvent]:
@@ -612,7 +628,7 @@ class NamespaceSubscription:
 
     def cancel(self) -> None:
         self.rs.cancel(StreamResetCode.CANCELLED)
-        self._events.put_nowait_end()
+        self._events.put_nowait_end(discard=True)
 
 
 async def start_subscribe_namespace(session: MoqtSession, prefix: TrackNamespace,

@@ -152,3 +152,19 @@ async def test_subscribe_after_the_publisher_left_gets_the_cache_then_track_ende
         assert got.done is not None and got.done.status == 0x2  # TRACK_ENDED
     finally:
         await r.close()
+
+
+async def test_a_push_far_larger_than_the_receive_queue_loses_nothing(tmp_path: Path) -> None:
+    # Regression: ending a subscription must never drop the Objects still queued for ingest.
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=8)
+        for g in range(8):
+            await track.group(g, group_payloads(g, 128, size=1024))
+        await track.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        assert r.relay.counters.get("objects_received") == 8 * 128
+    finally:
+        await r.close()

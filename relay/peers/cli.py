@@ -1,0 +1,302 @@
+"""``kvcs publish``, ``kvcs subscribe`` and ``kvcs fetch``: thin click wrappers over the
+libraries. Every failure is one line on stderr and a documented non-zero exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from relay.kvcs.cose import KeyStore, load_private_key
+from relay.kvcs.descriptor import Descriptor
+from relay.kvcs.errors import KvcsError
+from relay.kvcs.kvfile import read_kvfile, write_kvfile
+from relay.kvcs.plan import SPLIT_RAW, PublicationPlan, TrackSpec
+from relay.kvcs.registry import Codec, Component
+from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
+
+from .connect import RelayAccess
+from .errors import EXIT_ERROR, PeerError
+from .inputs import format_namespace, load_descriptor, load_key, load_tokens, parse_namespace_text
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0  every layer of the reused prefix retrieved and verified
+  1  error (no relay reachable, unreadable input, ...)
+  2  bad usage
+  3  no publication of the prompt's prefix found
+  4  partial: the layers listed in the report must be recomputed
+  5  publications found but refused (manifest compat, manifest.cose absent or bad)"""
+
+
+def _fail(message: str, code: int = EXIT_ERROR) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PeerError as e:
+            _fail(str(e), e.exit_code)
+        except KvcsError as e:
+            _fail(str(e))
+        except OSError as e:
+            _fail(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}")
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+    return wrapper
+
+
+def _access(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms: float
+            ) -> RelayAccess:
+    if not relay:
+        raise click.UsageError("give at least one --relay URL")
+    if ca is None and not insecure:
+        raise click.UsageError("give --ca FILE (or --insecure for loopback development)")
+    return RelayAccess(tuple(relay), ca_file=ca, insecure=insecure, timeout=connect_ms / 1000)
+
+
+def relay_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--connect-ms", type=float, default=10000, show_default=True,
+                      help="Give up on a relay that has not completed SETUP by then.")(fn)
+    fn = click.option("--insecure", is_flag=True,
+                      help="Do not verify the relay certificate (loopback development only).")(fn)
+    fn = click.option("--ca", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                      help="CA / self-signed certificate of the relay.")(fn)
+    fn = click.option("--relay", "relay", multiple=True, metavar="URL",
+                      help="Relay URL, e.g. moqt://127.0.0.1:4433/ (repeatable, in order).")(fn)
+    return fn
+
+
+# -- publish ----------------------------------------------------------------------------------
+
+
+def _parse_synthetic(spec: str) -> tuple[int, int, int, int, str, int]:
+    parts = spec.split(",")
+    if len(parts) != 6:
+        raise click.BadParameter("expected LAYERS,HEADS,DIM,TOKENS,DTYPE,SEED",
+                                 param_hint="--synthetic")
+    try:
+        layers, heads, dim, tokens, seed = (int(parts[i]) for i in (0, 1, 2, 3, 5))
+    except ValueError:
+        raise click.BadParameter("LAYERS, HEADS, DIM, TOKENS and SEED are integers",
+                                 param_hint="--synthetic") from None
+    return layers, heads, dim, tokens, parts[4], seed
+
+
+def _segments(spec: str | None, chunk_blocks: int | None, total: int) -> list[int] | None:
+    if spec:
+        try:
+            return [int(x) for x in spec.split(",")]
+        except ValueError:
+            raise click.BadParameter("a comma-separated list of block counts",
+                                     param_hint="--segments") from None
+    if chunk_blocks:
+        sizes = [chunk_blocks] * (total // chunk_blocks)
+        if total % chunk_blocks:
+            sizes.append(total % chunk_blocks)
+        return sizes
+    return None
+
+
+@click.command("publish")
+@relay_options
+@click.option("--kvfile", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="KV cache file (safetensors, see relay/kvcs/kvfile.py).")
+@click.option("--synthetic", metavar="LAYERS,HEADS,DIM,TOKENS,DTYPE,SEED",
+              help="Generate a deterministic synthetic cache instead of reading a file.")
+@click.option("--block-tokens", type=int, default=16, show_default=True,
+              help="Block size of a synthetic cache's descriptor.")
+@click.option("--descriptor", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Compatibility Descriptor (JSON); default: the file's or the synthetic one.")
+@click.option("--scope-key", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--tokens", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Token IDs (one per line or a JSON array); default: the file's / synthetic.")
+@click.option("--producer-key", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="PEM private key (P-256 or Ed25519): publish manifest.cose.")
+@click.option("--kid", help="Key identifier for manifest.cose (default: the key file stem).")
+@click.option("--extra-codec", type=click.Choice(["zstd", "int8"]),
+              help="Also publish a kv.<codec> track next to k.raw / v.raw.")
+@click.option("--segments", help="Chunked prefill: blocks per segment, e.g. 4,4,2.")
+@click.option("--chunk-blocks", type=int, help="Chunked prefill: blocks per chunk.")
+@click.option("--deterministic", is_flag=True, help='Set "deterministic": true in the manifest.')
+@click.option("--layer-ms", type=float, default=0.0, show_default=True,
+              help="Emulated prefill time per layer, waited before publishing it.")
+@click.option("--confirm", type=click.Choice(["fetch", "status", "none"]), default="fetch",
+              show_default=True, help="How to confirm that each relay holds every Object.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the published cache (K/V, descriptor, tokens) as a KV file.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the publication summary as JSON.")
+@_errors
+def publish(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms: float,
+            kvfile: Path | None,
+            synthetic: str | None, block_tokens: int, descriptor: Path | None, scope_key: Path,
+            tokens: Path | None, producer_key: Path | None, kid: str | None,
+            extra_codec: str | None, segments: str | None, chunk_blocks: int | None,
+            deterministic: bool, layer_ms: float, confirm: str, out: Path | None,
+            report: Path | None) -> None:
+    """Publish a KV cache to the relay(s): PUBLISH every track, PUBLISH_NAMESPACE, then the
+    Objects layer by layer. Exits 0 once every relay confirmed every Object (see --confirm);
+    prints the namespace and a summary. Exit codes: 0 ok, 1 error, 2 usage, 6 unconfirmed."""
+    from .publisher import PublishOptions, publish_plan
+
+    access = _access(relay, ca, insecure, connect_ms)
+    if (kvfile is None) == (synthetic is None):
+        raise click.UsageError("give exactly one of --kvfile and --synthetic")
+    desc = load_descriptor(descriptor) if descriptor is not None else None
+    if kvfile is not None:
+        f = read_kvfile(kvfile)
+        k, v, file_tokens = f.k, f.v, f.tokens
+        desc = desc or f.descriptor
+    else:
+        assert synthetic is not None
+        layers, heads, dim, ntok, dtype, seed = _parse_synthetic(synthetic)
+        try:
+            k, v = synthetic_kv(layers, heads, dim, ntok, dtype, seed)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--synthetic") from None
+        desc = desc or synthetic_descriptor(layers, heads, dim, dtype, block_tokens)
+        file_tokens = synthetic_tokens(ntok, seed)
+    tok = load_tokens(tokens) if tokens is not None else file_tokens
+    if tok is None:
+        raise click.UsageError("the KV file has no token IDs: give --tokens")
+    specs: list[TrackSpec] = list(SPLIT_RAW)
+    if extra_codec:
+        specs.append(TrackSpec(Component.KV, Codec[extra_codec.upper()]))
+    signer = None
+    if producer_key is not None:
+        signer = (load_private_key(producer_key), (kid or producer_key.stem).encode())
+    total = min(k.shape[2], len(tok)) // desc.block_tokens
+    try:
+        plan = PublicationPlan(k, v, desc, load_key(scope_key), tok, tracks=specs,
+                               segment_blocks=_segments(segments, chunk_blocks, total),
+                               deterministic=deterministic, signer=signer)
+    except ValueError as e:
+        raise PeerError(str(e)) from None
+    if out is not None:
+        write_kvfile(out, k, v, desc, tok)
+    summary = asyncio.run(publish_plan(plan, access, PublishOptions(layer_ms=layer_ms,
+                                                                    confirm=confirm)))
+    doc = summary.to_json()
+    if report is not None:
+        report.write_text(json.dumps(doc, indent=2) + "\n")
+    click.echo(format_namespace(plan.namespace))
+    click.echo(f"published {summary.objects} objects ({summary.bytes} bytes), "
+               f"{summary.segments} segment(s) x {summary.layers} layers, "
+               f"{len(summary.tracks)} tracks to {len(summary.relays)} relay(s) in "
+               f"{summary.elapsed_s:.2f} s; confirmed: {summary.confirmed}", err=True)
+
+
+# -- subscribe / fetch ------------------------------------------------------------------------
+
+
+def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--descriptor", required=True,
+                     type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="Compatibility Descriptor (JSON) of the consumer's model."),
+        click.option("--scope-key", required=True,
+                     type=click.Path(exists=True, dir_okay=False, path_type=Path)),
+        click.option("--tokens", required=True,
+                     type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="The prompt's token IDs (one per line or a JSON array)."),
+        click.option("--codec", default="raw", show_default=True,
+                     help="Preferred codec of the data tracks (raw, zstd, int8)."),
+        click.option("--joint", is_flag=True, help="Prefer the kv.<codec> track to k + v."),
+        click.option("--require-cose", is_flag=True,
+                     help="Refuse publications without a valid manifest.cose."),
+        click.option("--keys", type=click.Path(exists=True, file_okay=False, path_type=Path),
+                     help="Producer key store: a directory of <kid>.pem public keys."),
+        click.option("--namespace", "namespaces", multiple=True, metavar="NS",
+                     help="A publication known from an index (kvcs-1/<hex>/...), tried "
+                          "before discovery (repeatable)."),
+        click.option("--index-blocks", type=int,
+                     help="Leading blocks the index says the --namespace publication shares "
+                          "with the prompt (for a prompt that diverges inside a segment)."),
+        click.option("--max-blocks", type=int, help="Reuse at most this many blocks."),
+        click.option("--recompute-ms-per-layer", type=float, default=50.0, show_default=True,
+                     help="Recomputation time per layer; bounds recovery."),
+        click.option("--wait-ms", type=float, help="Discovery wait for a NAMESPACE "
+                     "(default 10000 for subscribe, 500 for fetch)."),
+        click.option("--stall-ms", type=float, default=10000, show_default=True,
+                     help="Live: no progress for this long counts as a failure."),
+        click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+                     help="KV cache file for the reused prefix."),
+        click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+                     help="JSON report: per-layer times, bytes, verification, recovery."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return relay_options(fn)
+
+
+def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
+             connect_ms: float,
+             descriptor: Path, scope_key: Path, tokens: Path, codec: str, joint: bool,
+             require_cose: bool, keys: Path | None, namespaces: tuple[str, ...],
+             index_blocks: int | None, max_blocks: int | None, recompute_ms_per_layer: float,
+             wait_ms: float | None, stall_ms: float, out: Path | None, report: Path | None
+             ) -> None:
+    from .subscriber import RetrieveOptions, retrieve
+
+    access = _access(relay, ca, insecure, connect_ms)
+    desc: Descriptor = load_descriptor(descriptor)
+    store = KeyStore.from_directory(keys) if keys is not None else None
+    if require_cose and (store is None or len(store) == 0):
+        raise click.UsageError("--require-cose needs --keys DIR with producer public keys")
+    pubs = [(parse_namespace_text(n), index_blocks) for n in namespaces]
+    window = (wait_ms if wait_ms is not None else (10000 if mode == "live" else 500)) / 1000
+    opts = RetrieveOptions(access, desc, load_key(scope_key), load_tokens(tokens), mode=mode,
+                           codec=codec, joint=joint, require_cose=require_cose, keys=store,
+                           publications=pubs, max_blocks=max_blocks,
+                           recompute_ms_per_layer=recompute_ms_per_layer,
+                           discovery_window=window, stall_timeout=stall_ms / 1000)
+    res = asyncio.run(retrieve(opts))
+    if out is not None:
+        write_kvfile(out, res.k, res.v, desc, res.tokens)
+    if report is not None:
+        report.write_text(json.dumps(res.report, indent=2) + "\n")
+    r = res.report
+    line = (f"{r['namespace']}: reused {r['reused_blocks']} of {r['prompt_blocks']} blocks, "
+            f"{r['objects_verified']} objects verified, {r['objects_discarded']} discarded, "
+            f"{r['retries']} retries")
+    click.echo(line, err=True)
+    if res.recompute_layers:
+        _fail(f"layers to recompute: {res.recompute_layers}", res.exit_code)
+    if res.exit_code:
+        sys.exit(res.exit_code)
+
+
+@click.command("subscribe", epilog=EXIT_CODES_HELP)
+@consumer_options
+@_errors
+def subscribe(**kw: Any) -> None:
+    """Retrieve a cache while it is produced (kvcs-draft 5.2): discover, SUBSCRIBE with Next
+    Object + fill from {0,0}, verify, recover; falls back to FETCH if production is over."""
+    _consume("live", **kw)
+
+
+@click.command("fetch", epilog=EXIT_CODES_HELP)
+@consumer_options
+@_errors
+def fetch(**kw: Any) -> None:
+    """Retrieve a completed cache (kvcs-draft 5.3): discover, FETCH layers in ascending order
+    (OBJECTID_FILTER for a prompt that diverges inside a segment), verify, recover."""
+    _consume("completed", **kw)
+
+
+def register(main: click.Group) -> None:
+    """Add the peer commands to the ``kvcs`` group."""
+    for cmd in (publish, subscribe, fetch):
+        main.add_command(cmd)

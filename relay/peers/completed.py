@@ -1,0 +1,88 @@
+"""Retrieval of completed caches (kvcs-draft 5.3, MOQT-PROFILE 15.2 step 5).
+
+One FETCH per data track for layers a..b: Absolute Start, Group End {a, 0, b}, GROUP_ORDER
+Ascending, and OBJECTID_FILTER 0..n-1 when only the first n blocks of the segment are wanted
+and the relay's MAX_FILTER_RANGES allows a filter (otherwise the extra blocks are received
+and discarded). The manifest is FETCHed with Relative Start 2: the last two Groups, because
+a finished manifest track's Largest Object is its End of Track at {M, 0}, a Group that holds
+no version (status is not carried on fetch streams), so Relative Start 1 would return nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from relay.kvcs.track_names import MANIFEST, MANIFEST_COSE
+from relay.moqt.codes import GroupOrder, ParameterType, RequestErrorCode
+from relay.moqt.location_filter import LocationFilter
+from relay.moqt.params import Params
+from relay.moqt.range_filter import Range, RangeFilter
+from relay.session import MoqtSession, RangeMarker, ReceivedObject, RequestRejected
+
+from .errors import PeerError
+from .state import RetrievalState, Target
+
+_ABSENT = (RequestErrorCode.DOES_NOT_EXIST, RequestErrorCode.INVALID_RANGE)
+
+
+class PublicationGone(PeerError):
+    """The relay knows no manifest of this publication (not cached, publisher gone)."""
+
+
+async def fetch_manifest(session: MoqtSession, state: RetrievalState) -> str:
+    """FETCH the latest manifest version into ``state``; return the manifest track's name.
+    Raises ManifestRefused (untrusted) or PublicationGone (nothing there)."""
+    assert state.namespace is not None
+    for name in (MANIFEST_COSE, MANIFEST):
+        try:
+            resp = await session.fetch(state.namespace.fields, name.encode(), Params(
+                location_filter=LocationFilter.relative_start(2)))
+            versions = [(e.group, bytes(e.payload)) async for e in resp
+                        if isinstance(e, ReceivedObject) and e.object_id == 0]
+        except RequestRejected as e:
+            if e.code in _ABSENT:
+                continue
+            raise
+        if not versions:
+            continue
+        group, payload = max(versions)
+        state.on_manifest(name, group, payload)
+        state.manifest_final = resp.end_of_track
+        return name
+    raise PublicationGone("no manifest of this publication at the relay")
+
+
+def objectid_filter(session: MoqtSession, target: Target) -> tuple[RangeFilter, ...]:
+    if target.blocks < target.entry.blocks and session.peer_max_filter_ranges > 0:
+        return (RangeFilter(ParameterType.OBJECTID_FILTER, 0, (Range(0, target.blocks - 1),)),)
+    return ()
+
+
+async def fetch_track(session: MoqtSession, url: str, state: RetrievalState, target: Target,
+                      track: str, first: int, last: int) -> None:
+    """FETCH layers first..last of one data track into ``state``; gaps stay missing."""
+    assert state.namespace is not None
+    params = Params(location_filter=LocationFilter.absolute_group_end(first, 0, last),
+                    group_order=GroupOrder.ASCENDING,
+                    range_filters=objectid_filter(session, target))
+    resp = await session.fetch(state.namespace.fields, track.encode(), params)
+    async for ev in resp:
+        if isinstance(ev, ReceivedObject):
+            state.on_object(url, target, track, ev.group, ev.object_id, ev.payload)
+        elif isinstance(ev, RangeMarker):
+            state.decide("unknown-range", relay=url, track=track, end=list(ev.end))
+
+
+async def retrieve_completed(session: MoqtSession, url: str, state: RetrievalState,
+                             layers: list[int] | None = None) -> None:
+    """FETCH every reused segment's tracks (restricted to ``layers`` if given)."""
+    wanted = sorted(layers) if layers else list(range(state.descriptor.layers))
+    first, last = wanted[0], wanted[-1]
+    jobs = [fetch_track(session, url, state, t, track, first, last)
+            for t in state.targets.values() if not t.reasm.complete for track in t.tracks]
+    results = await asyncio.gather(*jobs, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, Exception):
+            raise r
+        if isinstance(r, Exception):
+            state.decide("fetch-failed", relay=url, error=str(r))

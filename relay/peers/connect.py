@@ -1,0 +1,35 @@
+"""Dialling a relay: a bounded connect + SETUP, failures as one-line PeerErrors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+
+from relay.session import MoqtSession, SessionConfig, SessionFailure, open_session
+from relay.transport import TransportError
+
+from .errors import PeerError
+
+CONNECT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class RelayAccess:
+    """How to reach relays: their URLs in order of preference and the TLS trust to use."""
+
+    urls: tuple[str, ...]
+    ca_file: str | os.PathLike[str] | None = None
+    insecure: bool = False
+    timeout: float = CONNECT_TIMEOUT
+
+
+async def connect(url: str, access: RelayAccess) -> MoqtSession:
+    try:
+        return await asyncio.wait_for(
+            open_session(url, config=SessionConfig(), ca_file=access.ca_file,
+                         insecure=access.insecure), access.timeout)
+    except TimeoutError:
+        raise PeerError(f"relay {url}: no answer within {access.timeout:g} s") from None
+    except (OSError, TransportError, SessionFailure, ValueError) as e:
+        raise PeerError(f"relay {url}: {e or type(e).__name__}") from None

@@ -1,0 +1,38 @@
+"""Errors of the peers and the exit codes the commands document."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # unexpected failure, no relay reachable, bad input file
+EXIT_USAGE = 2  # click's own code for bad options
+EXIT_NOT_FOUND = 3  # no publication of the prompt's prefix on any relay
+EXIT_PARTIAL = 4  # some layers could not be retrieved in time: recompute them
+EXIT_REFUSED = 5  # publications were found but failed verification (compat, COSE)
+EXIT_UNCONFIRMED = 6  # publish: a relay did not confirm every Object
+
+
+class PeerError(Exception):
+    """A failure with a one-line message and the exit code a command reports for it."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class InputError(PeerError):
+    exit_code = EXIT_ERROR
+
+
+class NotFound(PeerError):
+    exit_code = EXIT_NOT_FOUND
+
+
+class Refused(PeerError):
+    exit_code = EXIT_REFUSED
+
+
+class Unconfirmed(PeerError):
+    exit_code = EXIT_UNCONFIRMED

@@ -1,0 +1,83 @@
+"""Reading the peers' inputs; every failure is an InputError with a one-line message."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from relay.kvcs.descriptor import Descriptor
+from relay.kvcs.errors import KvcsError
+from relay.kvcs.identifiers import load_scope_key, tokens_be
+from relay.kvcs.namespace import KvcsNamespace, parse_namespace
+
+from .errors import InputError
+
+PathLike = str | os.PathLike[str]
+
+
+def load_descriptor(path: PathLike) -> Descriptor:
+    try:
+        return Descriptor.from_json(Path(path).read_bytes())
+    except OSError as e:
+        raise InputError(f"cannot read descriptor {path}: {e.strerror}") from None
+    except KvcsError as e:
+        raise InputError(f"descriptor {path}: {e}") from None
+
+
+def parse_tokens(text: str) -> list[int]:
+    """A JSON array of integers, or one integer per line (blank lines ignored)."""
+    stripped = text.strip()
+    try:
+        if stripped.startswith("["):
+            value = json.loads(stripped)
+            if not isinstance(value, list) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in value):
+                raise ValueError("the JSON array must hold integers only")
+            tokens = [int(t) for t in value]
+        else:
+            tokens = [int(line) for line in stripped.splitlines() if line.strip()]
+        tokens_be(tokens)
+    except (ValueError, KvcsError) as e:
+        raise InputError(f"token IDs: {e}") from None
+    return tokens
+
+
+def load_tokens(path: PathLike) -> list[int]:
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read token IDs from {path}: {e}") from None
+    try:
+        return parse_tokens(text)
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from None
+
+
+def write_tokens(path: PathLike, tokens: list[int]) -> None:
+    Path(path).write_text(json.dumps(tokens) + "\n")
+
+
+def load_key(path: PathLike) -> bytes:
+    try:
+        return load_scope_key(path)
+    except OSError as e:
+        raise InputError(f"cannot read scope key {path}: {e.strerror}") from None
+    except KvcsError as e:
+        raise InputError(f"scope key {path}: {e}") from None
+
+
+def format_namespace(ns: KvcsNamespace) -> str:
+    """``kvcs-1/<scope>/<compat>/<anchor>/<pub>`` with the raw fields in lower-case hex."""
+    return "/".join(["kvcs-1", ns.scope_id.hex(), ns.compat_id.hex(), ns.anchor_key.hex(),
+                     ns.pub_id.hex()])
+
+
+def parse_namespace_text(text: str) -> KvcsNamespace:
+    parts = text.strip().split("/")
+    try:
+        if len(parts) != 5 or parts[0] != "kvcs-1":
+            raise ValueError("expected kvcs-1/<scope>/<compat>/<anchor>/<pub> in hex")
+        return parse_namespace([parts[0].encode()] + [bytes.fromhex(p) for p in parts[1:]])
+    except (ValueError, KvcsError) as e:
+        raise InputError(f"namespace {text!r}: {e}") from None

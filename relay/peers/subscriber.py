@@ -1,0 +1,280 @@
+"""The End Subscriber (kvcs-draft 5, MOQT-PROFILE 15.2): find a publication of the prompt's
+longest prefix, retrieve it live or completed, verify everything, recover, and stop in time.
+
+Order of attempts: relays in the order given; on each, the publications named by the caller
+(an index record) and then those found by discovery, longest prefix first. The first
+publication whose manifest verifies is the primary. If blocks are still missing afterwards
+(invalid Objects, reset streams, unknown ranges, a stall), recovery tries the same
+publication on the other relays, then the other publications; a publication is mixed into a
+partly received segment only if both manifests say "deterministic": true, otherwise that
+segment starts over. Recovery is bounded by the time recomputation would take:
+``recompute_ms_per_layer`` x the number of layers still missing, from the moment recovery
+starts; past that the consumer gives up and reports which layers to recompute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from relay.kvcs.cose import KeyStore
+from relay.kvcs.descriptor import Descriptor
+from relay.kvcs.errors import KvcsError
+from relay.kvcs.identifiers import block_keys, scope_id
+from relay.kvcs.namespace import KvcsNamespace
+from relay.session import MoqtSession, SessionFailure
+from relay.transport import TransportError
+
+from .completed import PublicationGone, fetch_manifest, retrieve_completed
+from .connect import RelayAccess, connect
+from .discovery import Candidate, discover
+from .errors import (
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_REFUSED,
+    NotFound,
+    PeerError,
+)
+from .live import LiveRetrieval
+from .report import build_report
+from .state import RetrievalState, Tamper, Target
+from .verification import ManifestRefused, ManifestVerifier, Reassembler
+
+MODES = ("live", "completed")
+
+
+@dataclass
+class RetrieveOptions:
+    access: RelayAccess
+    descriptor: Descriptor
+    scope_key: bytes
+    tokens: Sequence[int]
+    mode: str = "completed"
+    codec: str = "raw"
+    joint: bool = False
+    require_cose: bool = False
+    keys: KeyStore | None = None
+    # Publications known from elsewhere (a KVSP Index record): namespace and, if the record
+    # says so, how many leading blocks it shares with the prompt.
+    publications: Sequence[tuple[KvcsNamespace, int | None]] = ()
+    max_blocks: int | None = None
+    recompute_ms_per_layer: float = 50.0
+    discovery_window: float = 0.5
+    stall_timeout: float = 10.0
+    tamper: Tamper | None = None
+
+
+@dataclass
+class Retrieval:
+    k: np.ndarray
+    v: np.ndarray
+    tokens: list[int]
+    report: dict[str, Any]
+    exit_code: int
+    recompute_layers: list[int] = field(default_factory=list)
+
+
+class _Sessions:
+    def __init__(self, access: RelayAccess) -> None:
+        self.access = access
+        self.open: dict[str, MoqtSession] = {}
+        self.failed: dict[str, str] = {}
+
+    async def get(self, url: str) -> MoqtSession | None:
+        s = self.open.get(url)
+        if s is not None and not s.closed:
+            return s
+        if url in self.failed:
+            return None
+        try:
+            s = self.open[url] = await connect(url, self.access)
+        except PeerError as e:
+            self.failed[url] = str(e)
+            return None
+        return s
+
+    async def close(self) -> None:
+        for s in self.open.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(s.aclose(), 5.0)
+
+
+async def retrieve(opts: RetrieveOptions) -> Retrieval:
+    if opts.mode not in MODES:
+        raise PeerError(f"mode must be one of {', '.join(MODES)}")
+    d = opts.descriptor
+    keys = block_keys(opts.scope_key, d.compat_id, list(opts.tokens), d.block_tokens)
+    if opts.max_blocks is not None:
+        keys = keys[:opts.max_blocks]
+    if not keys:
+        raise NotFound("the prompt is shorter than one block: nothing can be reused")
+    trusted = max((n for _, n in opts.publications if n is not None), default=None)
+    state = RetrievalState(d, keys, opts.codec, opts.joint, opts.tamper, trusted)
+    sessions = _Sessions(opts.access)
+    refusals: list[str] = []
+    found: list[tuple[str, Candidate]] = []
+    try:
+        primary_url = await _primary(opts, state, sessions, keys, refusals, found)
+        if not state.targets:
+            if sessions.failed and len(sessions.failed) == len(opts.access.urls):
+                raise PeerError("; ".join(sessions.failed.values()))
+            if refusals:
+                raise ManifestRefused("; ".join(dict.fromkeys(refusals)))
+            raise NotFound("no publication of this prompt's prefix on any relay")
+        if not state.complete:
+            await _recover(opts, state, sessions, found, primary_url)
+    finally:
+        await sessions.close()
+    return _result(opts, state, refusals)
+
+
+async def _primary(opts: RetrieveOptions, state: RetrievalState, sessions: _Sessions,
+                   keys: list[bytes], refusals: list[str],
+                   found: list[tuple[str, Candidate]]) -> str | None:
+    d = opts.descriptor
+    explicit = [Candidate(ns, n if n is not None else 0, "index")
+                for ns, n in opts.publications]
+    for url in opts.access.urls:
+        session = await sessions.get(url)
+        if session is None:
+            state.decide("relay-unreachable", relay=url, error=sessions.failed.get(url, ""))
+            continue
+        # Publications named by an index first; discovery only if none of them serves.
+        found.extend((url, c) for c in explicit)
+        if await _try_candidates(opts, state, session, url, explicit, refusals):
+            return url
+        candidates: list[Candidate] = []
+        with contextlib.suppress(SessionFailure, TransportError):
+            candidates = await discover(session, scope_id(opts.scope_key), d.compat_id, keys,
+                                        window=opts.discovery_window)
+        found.extend((url, c) for c in candidates)
+        if await _try_candidates(opts, state, session, url, candidates, refusals):
+            return url
+    return None
+
+
+async def _try_candidates(opts: RetrieveOptions, state: RetrievalState, session: MoqtSession,
+                          url: str, candidates: list[Candidate], refusals: list[str]) -> bool:
+    for cand in candidates:
+        state.decide("try-publication", relay=url, via=cand.via,
+                     prefix_blocks=cand.blocks, pub_id=cand.namespace.pub_id.hex())
+        try:
+            await _attempt(opts, state, session, url, cand.namespace, None)
+        except ManifestRefused as e:
+            refusals.append(str(e))
+            state.decide("publication-refused", relay=url, reason=str(e))
+            _drop_publication(state)
+            continue
+        except (PublicationGone, SessionFailure, TransportError, KvcsError) as e:
+            state.decide("attempt-failed", relay=url, error=str(e))
+            if not state.targets:
+                _drop_publication(state)
+                continue
+        if state.targets:
+            return True
+    return False
+
+
+def _drop_publication(state: RetrievalState) -> None:
+    state.targets.clear()
+    state.unlisted.clear()
+    state.namespace = state.verifier = None
+
+
+async def _attempt(opts: RetrieveOptions, state: RetrievalState, session: MoqtSession,
+                   url: str, ns: KvcsNamespace, layers: list[int] | None) -> None:
+    """One retrieval of publication ``ns`` from one relay into ``state``."""
+    if state.namespace != ns:
+        _switch(opts, state, ns)
+    if opts.mode == "live":
+        try:
+            await LiveRetrieval(session, url, state, opts.stall_timeout).run()
+        except PublicationGone:
+            state.decide("publication-not-live", relay=url)
+        if state.complete:
+            return
+        # The subscriptions ended short of the cache (production over, or a relay that
+        # ended them early): what is still missing is FETCHed, as for a completed cache.
+        state.decide("fetch-after-live", relay=url)
+        layers = state.missing_layers() if state.targets else None
+    if state.manifest is None or not state.manifest_final:
+        await fetch_manifest(session, state)
+    await retrieve_completed(session, url, state, layers)
+
+
+def _switch(opts: RetrieveOptions, state: RetrievalState, ns: KvcsNamespace) -> None:
+    """Make ``ns`` the current publication. Partly received segments are kept only if both
+    publications turn out deterministic (checked when the new manifest arrives)."""
+    previous = state.manifest
+    state.use_publication(ns, ManifestVerifier(ns, opts.descriptor, keys=opts.keys,
+                                               require_cose=opts.require_cose))
+    if previous is None:
+        return
+    for seg, t in list(state.targets.items()):
+        if not t.reasm.complete and not previous.deterministic:
+            # 5.4: a segment never mixes non-deterministic publications: start it over.
+            state.targets[seg] = Target(t.entry, t.blocks, t.tracks, Reassembler(
+                previous, seg, t.tracks, blocks=t.blocks, clock=time.monotonic), ns.pub_id)
+            state.decide("segment-restarted", segment=seg)
+
+
+async def _recover(opts: RetrieveOptions, state: RetrievalState, sessions: _Sessions,
+                   found: list[tuple[str, Candidate]], primary_url: str | None) -> None:
+    missing = state.missing_layers()
+    budget = opts.recompute_ms_per_layer * len(missing) / 1000
+    deadline = time.monotonic() + budget
+    state.decide("recovery-start", missing_layers=missing, budget_ms=round(budget * 1000, 1))
+    primary = state.namespace
+    assert primary is not None
+    order: list[tuple[str, KvcsNamespace]] = [(u, primary) for u in opts.access.urls]
+    order += [(u, c.namespace) for u, c in found if c.namespace != primary]
+    # The primary relay just failed to deliver these blocks (a cache serves the same bytes
+    # again): it comes last, for transient failures.
+    if primary_url is not None and len(opts.access.urls) > 1:
+        order.remove((primary_url, primary))
+        order.append((primary_url, primary))
+    seen: set[tuple[str, bytes]] = set()
+    for url, ns in order:
+        if state.complete:
+            break
+        if (url, ns.pub_id) in seen:
+            continue
+        seen.add((url, ns.pub_id))
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            state.decide("recovery-deadline", missing_layers=state.missing_layers())
+            break
+        session = await sessions.get(url)
+        if session is None:
+            continue
+        state.retries += 1
+        state.decide("retry", relay=url, pub_id=ns.pub_id.hex(),
+                     missing_layers=state.missing_layers())
+        try:
+            async with asyncio.timeout(remaining):
+                await _attempt(opts, state, session, url, ns, state.missing_layers())
+        except TimeoutError:
+            state.decide("recovery-deadline", missing_layers=state.missing_layers())
+            break
+        except (PeerError, SessionFailure, TransportError, KvcsError) as e:
+            state.decide("retry-failed", relay=url, error=str(e))
+
+
+def _result(opts: RetrieveOptions, state: RetrievalState, refusals: list[str]) -> Retrieval:
+    k, v = state.arrays()
+    missing = state.missing_layers()
+    reused = state.reused_blocks() * opts.descriptor.block_tokens
+    code = EXIT_OK if not missing else EXIT_PARTIAL
+    if not state.targets:
+        code = EXIT_REFUSED if refusals else EXIT_NOT_FOUND
+    for g in missing:
+        state.decide("recompute", layer=g)
+    report = build_report(state, opts.mode, missing, code)
+    return Retrieval(k, v, list(opts.tokens[:reused]), report, code, missing)

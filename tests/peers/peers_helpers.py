@@ -1,0 +1,56 @@
+"""Shared pieces of the peers tests: an in-process relay on 127.0.0.1 and small synthetic
+publications."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from relay.kvcs.descriptor import Descriptor
+from relay.kvcs.plan import PublicationPlan
+from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
+from relay.peers.connect import RelayAccess
+from relay.service import RelayConfig, RunningRelay, start_relay
+from relay.transport.tls import KEY_NAME
+
+TIMEOUT = 20.0
+SCOPE_KEY = bytes(range(32))
+LAYERS, HEADS, DIM, B = 4, 2, 8, 4
+
+
+async def relay_at(data_dir: Path, tls_of: RunningRelay | None = None) -> RunningRelay:
+    """``tls_of``: reuse that relay's certificate, so one CA file trusts both."""
+    cert = key = None
+    if tls_of is not None:
+        cert, key = tls_of.certfile, tls_of.certfile.parent / KEY_NAME
+    cfg = RelayConfig(listen_port=0, data_dir=data_dir, memory_bytes=64 << 20,
+                      lmdb_bytes=64 << 20, cert=cert, key=key)
+    return await start_relay(cfg)
+
+
+def access(*relays: RunningRelay) -> RelayAccess:
+    return RelayAccess(tuple(r.url for r in relays), ca_file=relays[0].certfile)
+
+
+@dataclass
+class Cache:
+    descriptor: Descriptor
+    k: np.ndarray
+    v: np.ndarray
+    tokens: list[int]
+
+
+def cache(blocks: int = 6, seed: int = 1, layers: int = LAYERS, dtype: str = "float16"
+          ) -> Cache:
+    d = synthetic_descriptor(layers, HEADS, DIM, dtype, block_tokens=B)
+    k, v = synthetic_kv(layers, HEADS, DIM, blocks * B, dtype, seed)
+    return Cache(d, k, v, synthetic_tokens(blocks * B, seed))
+
+
+def plan(c: Cache, segment_blocks: Sequence[int] | None = None, **kw: object
+         ) -> PublicationPlan:
+    return PublicationPlan(c.k, c.v, c.descriptor, SCOPE_KEY, c.tokens,
+                           segment_blocks=segment_blocks, **kw)  # type: ignore[arg-type]

@@ -45,7 +45,7 @@ from relay.transport import StreamReset, TransportError
 
 from .errors import RequestCancelled, RequestRejected
 from .request_stream import RequestStream
-from .subscriber import Subscription, _first_reply, _rejected
+from .subscriber import Subscription, request_ok
 from .writers import FetchWriter, SubgroupWriter, _StreamWriter
 
 if TYPE_CHECKING:
@@ -89,6 +89,22 @@ class _Incoming:
             raise RuntimeError(f"{self.TYPE.name} {self.request_id} was already answered")
         self.answered = True
         self.session.handler.answered(self, None)
+
+
+class _TrackRequest(_Incoming):
+    """A request naming one Track (SUBSCRIBE, FETCH, PUBLISH)."""
+
+    @property
+    def namespace(self) -> TrackNamespace:
+        return self.msg.track_namespace
+
+    @property
+    def name(self) -> bytes:
+        return self.msg.track_name
+
+    @property
+    def full_name(self) -> FullTrackName:
+        return FullTrackName(self.msg.track_namespace, self.msg.track_name)
 
 
 # -- the publisher side of one subscription --------------------------------------------------------
@@ -249,21 +265,10 @@ class ServedSubscription:
 # -- SUBSCRIBE -------------------------------------------------------------------------------------
 
 
-class IncomingSubscribe(_Incoming):
+class IncomingSubscribe(_TrackRequest):
     TYPE = MessageType.SUBSCRIBE
     msg: Subscribe
 
-    @property
-    def namespace(self) -> TrackNamespace:
-        return self.msg.track_namespace
-
-    @property
-    def name(self) -> bytes:
-        return self.msg.track_name
-
-    @property
-    def full_name(self) -> FullTrackName:
-        return FullTrackName(self.msg.track_namespace, self.msg.track_name)
 
     async def accept(self, largest: Location | None, *, expires: int | None = None,
                      properties: Properties = (), track_alias: int | None = None
@@ -283,7 +288,7 @@ class IncomingSubscribe(_Incoming):
 # -- FETCH ---------------------------------------------------------------------------------------
 
 
-class IncomingFetch(_Incoming):
+class IncomingFetch(_TrackRequest):
     TYPE = MessageType.FETCH
     msg: Fetch
 
@@ -292,17 +297,6 @@ class IncomingFetch(_Incoming):
         self.cancelled = asyncio.Event()
         self.writer: FetchWriter | None = None
 
-    @property
-    def namespace(self) -> TrackNamespace:
-        return self.msg.track_namespace
-
-    @property
-    def name(self) -> bytes:
-        return self.msg.track_name
-
-    @property
-    def full_name(self) -> FullTrackName:
-        return FullTrackName(self.msg.track_namespace, self.msg.track_name)
 
     @property
     def group_order(self) -> GroupOrder:
@@ -348,7 +342,7 @@ class IncomingFetch(_Incoming):
 # -- PUBLISH (received: we become the subscriber) ------------------------------------------
 
 
-class IncomingPublish(_Incoming):
+class IncomingPublish(_TrackRequest):
     TYPE = MessageType.PUBLISH
     msg: Publish
 
@@ -359,17 +353,6 @@ class IncomingPublish(_Incoming):
                                          msg.track_name, msg.params)
         self.subscription._established(msg.track_alias, msg.params, msg.track_properties)
 
-    @property
-    def namespace(self) -> TrackNamespace:
-        return self.msg.track_namespace
-
-    @property
-    def name(self) -> bytes:
-        return self.msg.track_name
-
-    @property
-    def full_name(self) -> FullTrackName:
-        return FullTrackName(self.msg.track_namespace, self.msg.track_name)
 
     async def accept(self, params: Params | None = None) -> Subscription:
         """REQUEST_OK ("PUBLISH_OK"); if the PUBLISH had Forward 0, ask for Forward 1."""
@@ -389,17 +372,9 @@ class IncomingPublish(_Incoming):
 async def start_publish(session: MoqtSession, namespace: TrackNamespace, name: bytes,
                         params: Params, properties: tuple[KeyValuePair, ...]
                         ) -> ServedSubscription:
-    rs = await session.open_request()
-    rid = session.next_request_id()
     alias = session.next_track_alias()
-    await rs.send(Publish(rid, namespace, name, alias, params, properties))
-    reply = await _first_reply(session, rs, "PUBLISH")
-    if isinstance(reply, RequestErrorMessage):
-        await rs.finish()
-        raise _rejected(session, reply, False)
-    if not isinstance(reply, RequestOk):
-        raise protocol_violation(f"{type(reply).__name__} in reply to PUBLISH")
-    check_request_ok(reply, MessageType.PUBLISH)
+    rs, _, rid = await request_ok(
+        session, lambda rid: Publish(rid, namespace, name, alias, params, properties))
     served = ServedSubscription(session, rs, rid, namespace, name, params, alias,
                                 MessageType.PUBLISH)
     session.spawn(served.control_loop(), "published-track")

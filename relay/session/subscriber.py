@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from relay.moqt.codes import (
@@ -31,6 +32,7 @@ from relay.moqt.messages import (
     PublishNamespace,
     PublishStateNotify,
     RequestErrorMessage,
+    RequestMessage,
     RequestOk,
     RequestUpdate,
     Subscribe,
@@ -131,6 +133,25 @@ async def _first_reply(session: MoqtSession, rs: RequestStream, what: str) -> An
     if isinstance(reply, InvalidRequest):
         raise protocol_violation(f"invalid reply to {what}")
     return reply
+
+
+async def request_ok(session: MoqtSession, make: Callable[[int], RequestMessage], *,
+                     namespace_request: bool = False, fin: bool = False
+                     ) -> tuple[RequestStream, RequestOk, int]:
+    """Send a request answered by REQUEST_OK (PUBLISH, PUBLISH_NAMESPACE,
+    SUBSCRIBE_NAMESPACE, TRACK_STATUS) on a new request stream; raise on REQUEST_ERROR."""
+    rs = await session.open_request()
+    msg = make(session.next_request_id())
+    what = msg.TYPE.name
+    await rs.send(msg, fin=fin)
+    reply = await _first_reply(session, rs, what)
+    if isinstance(reply, RequestErrorMessage):
+        await rs.finish()
+        raise _rejected(session, reply, namespace_request)
+    if not isinstance(reply, RequestOk):
+        raise protocol_violation(f"{type(reply).__name__} in reply to {what}")
+    check_request_ok(reply, msg.TYPE)
+    return rs, reply, msg.request_id
 
 
 # -- SUBSCRIBE ----------------------------------------------------------------------------------
@@ -566,16 +587,8 @@ class PublishedNamespace:
 
 async def start_publish_namespace(session: MoqtSession, namespace: TrackNamespace,
                                   params: Params) -> PublishedNamespace:
-    rs = await session.open_request()
-    rid = session.next_request_id()
-    await rs.send(PublishNamespace(rid, namespace, params))
-    reply = await _first_reply(session, rs, "PUBLISH_NAMESPACE")
-    if isinstance(reply, RequestErrorMessage):
-        await rs.finish()
-        raise _rejected(session, reply, True)
-    if not isinstance(reply, RequestOk):
-        raise protocol_violation(f"{type(reply).__name__} in reply to PUBLISH_NAMESPACE")
-    check_request_ok(reply, MessageType.PUBLISH_NAMESPACE)
+    rs, _, _ = await request_ok(session, lambda rid: PublishNamespace(rid, namespace, params),
+                             namespace_request=True)
     handle = PublishedNamespace(session, rs, namespace)
     session.spawn(handle._watch(), "publish-namespace")
     return handle
@@ -633,16 +646,8 @@ class NamespaceSubscription:
 
 async def start_subscribe_namespace(session: MoqtSession, prefix: TrackNamespace,
                                     params: Params) -> NamespaceSubscription:
-    rs = await session.open_request()
-    rid = session.next_request_id()
-    await rs.send(SubscribeNamespace(rid, prefix, params))
-    reply = await _first_reply(session, rs, "SUBSCRIBE_NAMESPACE")
-    if isinstance(reply, RequestErrorMessage):
-        await rs.finish()
-        raise _rejected(session, reply, True)
-    if not isinstance(reply, RequestOk):
-        raise protocol_violation(f"{type(reply).__name__} in reply to SUBSCRIBE_NAMESPACE")
-    check_request_ok(reply, MessageType.SUBSCRIBE_NAMESPACE)
+    rs, _, _ = await request_ok(session, lambda rid: SubscribeNamespace(rid, prefix, params),
+                             namespace_request=True)
     handle = NamespaceSubscription(session, rs, prefix)
     session.spawn(handle._loop(), "subscribe-namespace")
     return handle
@@ -650,13 +655,6 @@ async def start_subscribe_namespace(session: MoqtSession, prefix: TrackNamespace
 
 async def track_status(session: MoqtSession, namespace: TrackNamespace, name: bytes,
                        params: Params) -> RequestOk:
-    rs = await session.open_request()
-    rid = session.next_request_id()
-    await rs.send(TrackStatus(rid, namespace, name, params), fin=True)
-    reply = await _first_reply(session, rs, "TRACK_STATUS")
-    if isinstance(reply, RequestErrorMessage):
-        raise _rejected(session, reply, False)
-    if not isinstance(reply, RequestOk):
-        raise protocol_violation(f"{type(reply).__name__} in reply to TRACK_STATUS")
-    check_request_ok(reply, MessageType.TRACK_STATUS)
+    _, reply, _ = await request_ok(session, lambda rid: TrackStatus(rid, namespace, name, params),
+                                fin=True)
     return reply

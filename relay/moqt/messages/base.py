@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import ClassVar, Self
 
 from ..codes import MessageType
 from ..errors import RequestError
 from ..kvp import KeyValuePair, Properties, decode_kvps, encode_kvps, validate_track_properties
+from ..params import Params, ParamScope, decode_params, encode_params
 from ..primitives import (
     TrackNamespace,
     check_full_track_name,
@@ -17,11 +19,13 @@ from ..primitives import (
     encode_track_namespace,
 )
 from ..reader import Reader
+from ..vi64 import encode_vi64
 
 __all__ = [
     "MESSAGE_CLASSES",
     "Message",
     "RequestMessage",
+    "TrackRequestMessage",
     "decode_track",
     "decode_track_properties",
     "encode_track",
@@ -91,3 +95,30 @@ def decode_track(r: Reader) -> tuple[TrackNamespace, bytes]:
     name = decode_track_name(r)
     check_full_track_name(ns, name)
     return ns, name
+
+
+@dataclass(frozen=True)
+class TrackRequestMessage(RequestMessage):
+    """SUBSCRIBE, FETCH (draft-20 body) and TRACK_STATUS share one body: Request ID, Track
+    Namespace, Track Name, Parameters (§7.1, §7.9, §7.11). Subclasses set TYPE and SCOPE."""
+
+    SCOPE: ClassVar[ParamScope]
+
+    request_id: int
+    track_namespace: TrackNamespace
+    track_name: bytes
+    params: Params = field(default_factory=Params)
+
+    def encode_body(self) -> bytes:
+        return (
+            encode_vi64(self.request_id)
+            + encode_track(self.track_namespace, self.track_name)
+            + encode_params(self.params, self.SCOPE)
+        )
+
+    @classmethod
+    def _decode_rest(cls, request_id: int, r: Reader) -> Self:
+        ns, name = decode_track(r)
+        params = decode_params(r, cls.SCOPE)
+        r.expect_end(cls.TYPE.name)
+        return cls(request_id, ns, name, params)

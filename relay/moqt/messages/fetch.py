@@ -9,15 +9,12 @@ from ..codes import MessageType
 from ..errors import protocol_violation
 from ..kvp import Properties
 from ..params import Params, ParamScope, decode_params, encode_params
-from ..primitives import Location, TrackNamespace, decode_location, encode_location
+from ..primitives import Location, decode_location, encode_location
 from ..reader import Reader
-from ..vi64 import encode_vi64
 from .base import (
     Message,
-    RequestMessage,
-    decode_track,
+    TrackRequestMessage,
     decode_track_properties,
-    encode_track,
     encode_track_properties,
 )
 
@@ -25,29 +22,11 @@ __all__ = ["Fetch", "FetchOk", "check_fetch_ok"]
 
 
 @dataclass(frozen=True)
-class Fetch(RequestMessage):
+class Fetch(TrackRequestMessage):
     """The range is only in ``params.location_filter``; absent = {0,0}..Largest Object."""
 
     TYPE: ClassVar[MessageType] = MessageType.FETCH
-
-    request_id: int
-    track_namespace: TrackNamespace
-    track_name: bytes
-    params: Params = field(default_factory=Params)
-
-    def encode_body(self) -> bytes:
-        return (
-            encode_vi64(self.request_id)
-            + encode_track(self.track_namespace, self.track_name)
-            + encode_params(self.params, ParamScope.FETCH)
-        )
-
-    @classmethod
-    def _decode_rest(cls, request_id: int, r: Reader) -> Self:
-        ns, name = decode_track(r)
-        params = decode_params(r, ParamScope.FETCH)
-        r.expect_end("FETCH")
-        return cls(request_id, ns, name, params)
+    SCOPE: ClassVar[ParamScope] = ParamScope.FETCH
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,12 @@ from typing import ClassVar, Self
 from ..codes import MessageType
 from ..kvp import Properties
 from ..params import Params, ParamScope, decode_params, encode_params
-from ..primitives import TrackNamespace
 from ..reader import Reader
 from ..vi64 import encode_vi64
 from .base import (
     Message,
-    RequestMessage,
-    decode_track,
+    TrackRequestMessage,
     decode_track_properties,
-    encode_track,
     encode_track_properties,
 )
 
@@ -24,27 +21,9 @@ __all__ = ["Subscribe", "SubscribeOk"]
 
 
 @dataclass(frozen=True)
-class Subscribe(RequestMessage):
+class Subscribe(TrackRequestMessage):
     TYPE: ClassVar[MessageType] = MessageType.SUBSCRIBE
-
-    request_id: int
-    track_namespace: TrackNamespace
-    track_name: bytes
-    params: Params = field(default_factory=Params)
-
-    def encode_body(self) -> bytes:
-        return (
-            encode_vi64(self.request_id)
-            + encode_track(self.track_namespace, self.track_name)
-            + encode_params(self.params, ParamScope.SUBSCRIBE)
-        )
-
-    @classmethod
-    def _decode_rest(cls, request_id: int, r: Reader) -> Self:
-        ns, name = decode_track(r)
-        params = decode_params(r, ParamScope.SUBSCRIBE)
-        r.expect_end("SUBSCRIBE")
-        return cls(request_id, ns, name, params)
+    SCOPE: ClassVar[ParamScope] = ParamScope.SUBSCRIBE
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,7 @@ def main() -> None:
             print(f"D {i - 3}", flush=True)
         if i % 3 == 0:  # reads move the LRU order; flush it sometimes
             with store.session() as s:
-                for _ in s.read(track_key(i - 1), Location(0, 0)):
-                    pass
+                sum(1 for _ in s.read(track_key(i - 1), Location(0, 0)))
             store.flush_usage()
         i += 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -621,9 +621,6 @@ class RelayHandler(SessionHandler):
         lf = params.location_filter
         if lf is not None and lf.type == LocationFilterType.NONE:
             lf = None
-        if lf is not None and lf.type not in _ABSOLUTE and lf.type != \
-                LocationFilterType.RELATIVE_START:
-            pass  # Next Object: the range is empty, answered below as INVALID_RANGE
         largest = track.largest()
         if largest is None:
             # Nothing cached: learn the Track from upstream (pull-through).
@@ -697,4 +694,3 @@ class RelayHandler(SessionHandler):
 
 
 __all__ = ["Counters", "Relay", "RelayHandler", "RelayOptions"]
-_ = Iterable

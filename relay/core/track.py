@@ -389,4 +389,3 @@ class RelayTrack:
 
 
 __all__ = ["RelayTrack", "ServeStats", "UpstreamFetch"]
-_ = Any

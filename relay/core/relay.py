@@ -12,14 +12,11 @@ from typing import Any
 from relay.moqt.codes import (
     GroupOrder,
     LocationFilterType,
-    ParameterType,
     RequestErrorCode,
     SessionErrorCode,
 )
 from relay.moqt.location_filter import (
     LocationFilter,
-    resolve_fetch_range,
-    resolve_subscription_range,
 )
 from relay.moqt.params import Params
 from relay.moqt.primitives import (
@@ -28,30 +25,21 @@ from relay.moqt.primitives import (
     TrackNamespace,
     prefixes_overlap,
 )
-from relay.moqt.range_filter import RangeFilter
 from relay.session import (
-    IncomingFetch,
-    IncomingPublish,
-    IncomingPublishNamespace,
-    IncomingSubscribe,
-    IncomingSubscribeNamespace,
-    IncomingTrackStatus,
     MoqtSession,
     ReceivedObject,
     RequestRejected,
     SessionConfig,
-    SessionHandler,
     StreamAborted,
 )
 from relay.session.errors import SessionFailure
 from relay.transport import Connection, TransportError
-from storage.interface import OBJECT_MAX, IncompleteTrackError, StorageFullError, StoredObject, Tier
+from storage.interface import OBJECT_MAX, IncompleteTrackError, StorageFullError, StoredObject
 from storage.tiered import TieredStore
 
-from .auth import Authorizer, Role, token_values
-from .forwarder import Forwarder
-from .namespaces import NamespaceListener, NamespaceTable, PublisherEntry
-from .scheduler import SessionScheduler
+from .auth import Authorizer
+from .handler import RelayHandler
+from .namespaces import NamespaceTable, PublisherEntry
 from .track import RelayTrack
 from .upstream import UpstreamLink
 
@@ -359,338 +347,6 @@ class Relay:
             s.close(SessionErrorCode.NO_ERROR, "relay shutting down")
         if self.upstream is not None:
             await self.upstream.close()
-
-
-def _tokens(session: MoqtSession | None, params: Params) -> list[bytes]:
-    tokens = token_values(params.authorization_tokens)
-    if session is not None and session.peer_setup is not None:
-        tokens += token_values(session.peer_setup.authorization_tokens)
-    return tokens
-
-
-def _group_order(track: RelayTrack, *chosen: GroupOrder | None) -> GroupOrder:
-    """A fill's effective Group Order (§9.4): the first one chosen, else the Track's
-    DEFAULT_PUBLISHER_GROUP_ORDER property, else Ascending — what the subscriber decodes with."""
-    for order in chosen:
-        if order is not None:
-            return order
-    for p in track.properties:
-        if p.type == 0x22 and p.value in (1, 2):
-            return GroupOrder(p.value)
-    return GroupOrder.ASCENDING
-
-
-def _props(track: RelayTrack, params: Params) -> tuple[Any, ...]:
-    """The Track's Properties as received upstream, unless INCLUDE_PROPERTIES is 0 (§12)."""
-    return () if params.include_properties is False else tuple(track.properties)
-
-
-def _id_ranges(params: Params) -> list[tuple[int, int | None]] | None:
-    f: RangeFilter | None = params.range_filter(ParameterType.OBJECTID_FILTER)
-    if f is None or f.set_id is None:
-        return None
-    return [(r.start, r.end) for r in f.ranges]
-
-
-class RelayHandler(SessionHandler):
-    """Answers one downstream session's requests on behalf of the Relay."""
-
-    def __init__(self, relay: Relay) -> None:
-        self.relay = relay
-        self.session: MoqtSession | None = None
-        self._scheduler: SessionScheduler | None = None
-
-    def attach(self, session: MoqtSession) -> None:
-        self.session = session
-
-    def answered(self, req: Any, code: int | None) -> None:
-        self.relay.counters.inc(f"request_{req.TYPE.name}_{'ok' if code is None else code}")
-
-    def _sess(self, req: Any) -> MoqtSession:
-        return req.session  # type: ignore[no-any-return]
-
-    def scheduler(self, session: MoqtSession) -> SessionScheduler:
-        if self._scheduler is None:
-            self._scheduler = SessionScheduler(session.spawn)
-        return self._scheduler
-
-    def _allowed(self, req: Any, role: Role, namespace: TrackNamespace) -> bool:
-        ok = self.relay.auth.allows(role, namespace, _tokens(self._sess(req), req.params))
-        if not ok:
-            self.relay.counters.inc("auth_failures")
-        return ok
-
-    # -- publishers -------------------------------------------------------------------------------
-
-    async def publish_namespace(self, req: IncomingPublishNamespace) -> None:
-        if not self._allowed(req, Role.PUBLISH, req.namespace):
-            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized to publish there")
-            return
-        entry = PublisherEntry(req.namespace, self._sess(req))
-        await req.accept()
-        self.relay.namespaces.add_publisher(entry)
-        try:
-            await req.withdrawn.wait()
-        finally:
-            self.relay.namespaces.remove_publisher(entry)
-
-    async def publish(self, req: IncomingPublish) -> None:
-        if not self._allowed(req, Role.PUBLISH, req.namespace):
-            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized to publish there")
-            return
-        track = self.relay.track(req.full_name)
-        sub = await req.accept()
-        self.relay.counters.inc("publish_accepted")
-        await track.ingest(sub)
-
-    # -- discovery --------------------------------------------------------------------------------
-
-    async def subscribe_namespace(self, req: IncomingSubscribeNamespace) -> None:
-        session = self._sess(req)
-        tokens = _tokens(session, req.params)
-        auth = self.relay.auth
-        if not auth.allows_prefix(Role.SUBSCRIBE, req.prefix, tokens):
-            self.relay.counters.inc("auth_failures")
-            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that prefix")
-            return
-        table = self.relay.namespaces
-        if any(prefixes_overlap(x.prefix, req.prefix) for x in table.listeners_of(session)):
-            await req.reject(RequestErrorCode.PREFIX_OVERLAP, "overlaps an earlier prefix")
-            return
-        queue: asyncio.Queue[tuple[TrackNamespace, bool]] = asyncio.Queue()
-        listener = NamespaceListener(
-            req.prefix, lambda ns, active: queue.put_nowait((ns, active)),
-            lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens), session)
-        await req.accept()
-        for ns in table.add_listener(listener):
-            queue.put_nowait((ns, True))
-        await self.relay.subscribe_namespace_upstream(req.prefix)
-        try:
-            while not req.cancelled.is_set():
-                get = asyncio.ensure_future(queue.get())
-                cancelled = asyncio.ensure_future(req.cancelled.wait())
-                try:
-                    done, _ = await asyncio.wait({get, cancelled},
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                finally:  # also when this handler is cancelled with its session
-                    cancelled.cancel()
-                    if not get.done():
-                        get.cancel()
-                if get not in done:
-                    break
-                ns, active = get.result()
-                await (req.announce(ns) if active else req.withdraw(ns))
-        finally:
-            table.remove_listener(listener)
-
-    # -- subscriptions ----------------------------------------------------------------------------
-
-    async def subscribe(self, req: IncomingSubscribe) -> None:
-        relay = self.relay
-        if not self._allowed(req, Role.SUBSCRIBE, req.namespace):
-            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
-            return
-        if req.namespace and req.namespace[0].startswith(b"."):
-            await req.reject(RequestErrorCode.DOES_NOT_EXIST, "reserved namespace")
-            return
-        track = relay.track(req.full_name)
-        err = await relay.ensure_upstream(track)
-        ended = err is not None and track.store.known_final(track.key) is not None
-        if err is not None and not ended:
-            await req.reject(err.code, err.reason)
-            return
-        session = self._sess(req)
-        params = req.params
-        # L, the live start and the Forwarder's registration happen with no await between
-        # them, so no Object above L can be missed or sent twice (§9.6).
-        largest = track.largest()
-        live = resolve_subscription_range(params.location_filter, largest)
-        fwd = Forwarder(params, self.scheduler(session), live.start, live.end,
-                        max_backlog=relay.options.max_backlog_bytes,
-                        on_close=lambda f: track.forwarders.discard(f))
-        track.forwarders.add(fwd)
-        fill = params.fill
-        fill_wanted = fill is not None and largest is not None and fwd.forward
-        if fill_wanted:
-            fwd.hold()  # no PUBLISH_DONE before the fill stream exists
-        try:
-            served = await req.accept(largest, properties=_props(track, params))
-        except BaseException:
-            fwd.close()
-            raise
-        fwd.attach(served)
-        served.on_update = lambda msg: self._on_update(track, served, fwd, msg)
-        fwd.counters = relay.counters
-        relay.counters.inc("subscriptions")
-        if fill_wanted:
-            assert largest is not None
-            try:
-                await self._serve_fill(track, served, params, largest)
-            finally:
-                fwd.release()
-        if not track.live:
-            # The upstream ended while we answered, or the Track had ended before: a relay
-            # holding an ended Track answers from cache and ends the subscription at once
-            # rather than refusing it (see docs/relay.md).
-            fwd.upstream_done(0x2, "track ended")
-        await fwd.wait_finished(served.cancelled)
-
-    async def _on_update(self, track: RelayTrack, served: Any, fwd: Forwarder,
-                         msg: Any) -> Params:
-        """REQUEST_UPDATE on a downstream subscription (§7.5): Forward and priority changes
-        apply to the Forwarder; a new Location filter moves its window; FILL_PARAMETERS opens
-        a fill carrying the update's Request ID (§9.1)."""
-        p: Params = msg.params
-        largest = track.largest()
-        if p.forward is not None:
-            fwd.forward = p.forward
-        if p.subscriber_priority is not None:
-            fwd.subscriber_priority = p.subscriber_priority
-        if p.location_filter is not None:
-            lf = None if p.location_filter.type == LocationFilterType.NONE else p.location_filter
-            live = resolve_subscription_range(lf, largest)
-            fwd.start, fwd.end = live.start, live.end
-        if p.fill is not None and largest is not None and served.forward:
-            merged = Params(location_filter=p.location_filter or served.params.location_filter,
-                            group_order=served.params.group_order, fill=p.fill,
-                            range_filters=served.params.range_filters)
-            await self._serve_fill(track, served, merged, largest, msg.request_id)
-        return Params(largest_object=largest)
-
-    @staticmethod
-    def _sess_of(served: Any) -> MoqtSession:
-        return served.session  # type: ignore[no-any-return]
-
-    async def _serve_fill(self, track: RelayTrack, served: Any, params: Params,
-                          largest: Location, request_id: int | None = None) -> None:
-        """Open the fill fetch stream now; walk and write it in a task of the session."""
-        fill = params.fill
-        assert fill is not None
-        lf = fill.location_filter if fill.location_filter is not None else params.location_filter
-        if lf is not None and lf.type == LocationFilterType.NONE:
-            lf = None
-        rng = resolve_fetch_range(lf, largest)
-        if rng is None or rng.is_empty or rng.end is None:
-            return
-        order = _group_order(track, fill.group_order, params.group_order)
-        merged = Params(range_filters=fill.range_filters or params.range_filters)
-        timeout = fill.fill_timeout / 1000 if fill.fill_timeout is not None \
-            else self.relay.options.default_fill_timeout
-        try:
-            writer = await served.open_fill(request_id, group_order=order)
-        except (TransportError, SessionFailure):
-            return
-        self._sess_of(served).spawn(
-            self._write_fill(track, writer, rng.start, rng.end, order, merged, timeout),
-            "fill")
-
-    async def _write_fill(self, track: RelayTrack, writer: Any, start: Location,
-                          end: Location, order: GroupOrder, merged: Params,
-                          timeout: float) -> None:
-        lease = track.store.pin(track.key, start.group, end.group)
-        started = asyncio.get_running_loop().time()
-        self.relay.counters.inc("fills_active")
-        try:
-            stats = await track.serve_range(writer, start, end, order,
-                                            _id_ranges(merged), timeout,
-                                            self.relay.fetch_upstream,
-                                            self.relay.options.in_flight_wait)
-            if not stats.reset:
-                await writer.finish()
-            self._count_tiers("fill", stats.by_tier)
-            self.relay.counters.served("fill", stats, started)
-        except TransportError:
-            pass
-        finally:
-            self.relay.counters.inc("fills_active", -1)
-            lease.release()
-
-    def _count_tiers(self, what: str, by_tier: dict[Tier, int]) -> None:
-        for tier, n in by_tier.items():
-            self.relay.counters.inc(f"{what}_objects_{tier.name.lower()}", n)
-
-    # -- FETCH ------------------------------------------------------------------------------------
-
-    async def fetch(self, req: IncomingFetch) -> None:
-        relay = self.relay
-        if not self._allowed(req, Role.SUBSCRIBE, req.namespace):
-            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
-            return
-        track = relay.track(req.full_name)
-        params = req.params
-        lf = params.location_filter
-        if lf is not None and lf.type == LocationFilterType.NONE:
-            lf = None
-        largest = track.largest()
-        if largest is None:
-            # Nothing cached: learn the Track from upstream (pull-through).
-            start, end = self._requested_bounds(lf)
-            if await relay.fetch_upstream(track, start, end):
-                largest = track.largest()
-        if largest is None:
-            await req.reject(RequestErrorCode.DOES_NOT_EXIST
-                             if not relay._sources(req.namespace) else
-                             RequestErrorCode.INVALID_RANGE, "nothing published")
-            return
-        rng = resolve_fetch_range(lf, largest)
-        if rng is None or rng.is_empty or rng.end is None:
-            await req.reject(RequestErrorCode.INVALID_RANGE, "start is past the Largest Object")
-            return
-        end = rng.end
-        if lf is not None and lf.type == LocationFilterType.ABSOLUTE_START_GROUP_END and \
-                end.group == lf.end_group:
-            g_end = track.store.group_end(track.key, end.group)
-            if g_end is not None:
-                # the last Location known in the Group (§7.10), never below the start
-                end = max(Location(end.group, min(end.object, g_end)), rng.start)
-        final = track.store.known_final(track.key)
-        end_of_track = final is not None and Location(final.group, final.object) <= end and \
-            end >= largest
-        started = asyncio.get_running_loop().time()
-        writer = await req.accept(end_of_track, end, _props(track, params))
-        timeout = params.fill_timeout / 1000 if params.fill_timeout is not None \
-            else relay.options.default_fill_timeout
-        lease = track.store.pin(track.key, rng.start.group, end.group)
-        relay.counters.inc("fetches_active")
-        try:
-            stats = await track.serve_range(writer, rng.start, end, req.group_order,
-                                            _id_ranges(params), timeout, relay.fetch_upstream,
-                                            relay.options.in_flight_wait)
-            if not stats.reset:
-                await writer.finish()
-            relay.counters.inc("fetches")
-            self._count_tiers("fetch", stats.by_tier)
-            relay.counters.served("fetch", stats, started)
-        except TransportError:
-            pass
-        finally:
-            relay.counters.inc("fetches_active", -1)
-            lease.release()
-
-    @staticmethod
-    def _requested_bounds(lf: LocationFilter | None) -> tuple[Location, Location]:
-        big = (1 << 64) - 1
-        if lf is None or lf.type not in _ABSOLUTE:
-            return Location(0, 0), Location(big, big)
-        start = Location(lf.start_group, lf.start_object)
-        if lf.type == LocationFilterType.ABSOLUTE_RANGE:
-            return start, Location(lf.end_group, lf.end_object)
-        if lf.type == LocationFilterType.ABSOLUTE_START_GROUP_END:
-            return start, Location(lf.end_group, big)
-        return start, Location(big, big)
-
-    # -- TRACK_STATUS -----------------------------------------------------------------------------
-
-    async def track_status(self, req: IncomingTrackStatus) -> None:
-        if not self._allowed(req, Role.SUBSCRIBE, req.full_name.namespace):
-            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
-            return
-        track = self.relay.tracks.get(req.full_name)
-        largest = track.largest() if track is not None else None
-        if largest is None:
-            await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no such track")
-            return
-        await req.reply(largest)
 
 
 __all__ = ["Counters", "Relay", "RelayHandler", "RelayOptions"]

@@ -45,6 +45,8 @@ from .upstream import UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
 
+CACHE = "cache"  # the namespace source of Tracks the relay itself holds in LMDB
+
 _ABSOLUTE = (LocationFilterType.ABSOLUTE_START, LocationFilterType.ABSOLUTE_START_GROUP_END,
              LocationFilterType.ABSOLUTE_RANGE)
 
@@ -103,7 +105,21 @@ class Relay:
         self._commit_lock = asyncio.Lock()
         self._fetches: dict[tuple[FullTrackName, Location, Location], asyncio.Future[bool]] = {}
         self._upstream_ns: dict[TrackNamespace, Any] = {}
+        self._cached_ns: dict[TrackNamespace, PublisherEntry] = {}
         self.draining = False
+        durable = store.durable
+        if durable is not None:
+            for ns, _ in durable.tracks():
+                self._announce_cached(tuple(ns))
+
+    def _announce_cached(self, namespace: TrackNamespace) -> None:
+        """The relay holds a complete Track of ``namespace`` in LMDB: it stays discoverable
+        with SUBSCRIBE_NAMESPACE after its publisher has gone (and after a restart), since
+        FETCH can serve it. Such an entry routes nothing upstream."""
+        if namespace not in self._cached_ns:
+            entry = PublisherEntry(namespace, CACHE)
+            self._cached_ns[namespace] = entry
+            self.namespaces.add_publisher(entry)
 
     @property
     def session_config(self) -> SessionConfig:
@@ -166,6 +182,7 @@ class Relay:
             except IncompleteTrackError:
                 return
             track.committed = True
+            self._announce_cached(track.full_name.namespace)
             self.counters.inc("lmdb_committed_tracks")
             self.counters.inc("lmdb_committed_bytes", n)
 
@@ -187,7 +204,7 @@ class Relay:
 
     def _sources(self, namespace: TrackNamespace) -> list[Any]:
         return [e.source for e in self.namespaces.publishers_for(namespace)
-                if not getattr(e.source, "closed", False)]
+                if e.source is not CACHE and not getattr(e.source, "closed", False)]
 
     async def _upstream_session(self) -> MoqtSession | None:
         if self.upstream is None:

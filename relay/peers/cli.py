@@ -296,7 +296,82 @@ def fetch(**kw: Any) -> None:
     _consume("completed", **kw)
 
 
+# -- prefill (a real model computes the cache) ------------------------------------------------
+
+
+@click.command("prefill")
+@relay_options
+@click.option("--model", "model_name", type=click.Choice(["smollm2", "tiny"]),
+              default="smollm2", show_default=True,
+              help="smollm2: SmolLM2-135M-Instruct (needs requirements-model.txt); "
+                   "tiny: a seeded 2-layer random model.")
+@click.option("--scope-key", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--tokens", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The prompt's token IDs (one per line or a JSON array).")
+@click.option("--text", help="The prompt as text (minimal tokenizer, see "
+              "relay/model/tokenizer.py; smollm2 only).")
+@click.option("--block-tokens", type=int, default=16, show_default=True)
+@click.option("--chunk-blocks", type=int,
+              help="Chunked prefill: blocks per pass, one segment each (default: one pass).")
+@click.option("--confirm", type=click.Choice(["fetch", "status", "none"]), default="fetch",
+              show_default=True, help="How to confirm that each relay holds every Object.")
+@click.option("--descriptor-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the model's Compatibility Descriptor (for subscribe/fetch).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the published cache (K/V, descriptor, tokens) as a KV file.")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the publication summary as JSON.")
+@_errors
+def prefill(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms: float,
+            model_name: str, scope_key: Path, tokens: Path | None, text: str | None,
+            block_tokens: int, chunk_blocks: int | None, confirm: str,
+            descriptor_out: Path | None, out: Path | None, report: Path | None) -> None:
+    """Prefill a prompt with a real model and publish its KV cache, each layer as soon as
+    it is computed. Prints the namespace and the prompt's next token. Exit codes as publish."""
+    from relay.model import ModelError, load_smollm2, model_descriptor, smollm2_descriptor
+    from relay.model.llama import tiny_llama
+    from relay.model.smollm2 import load_tokenizer
+    from relay.model.streaming import prefill_and_publish
+
+    from .publisher import PublishOptions
+
+    access = _access(relay, ca, insecure, connect_ms)
+    if (tokens is None) == (text is None):
+        raise click.UsageError("give exactly one of --tokens and --text")
+    try:
+        if model_name == "tiny":
+            if text is not None:
+                raise click.UsageError("--text needs --model smollm2")
+            model = tiny_llama(0)
+            desc = model_descriptor(model.config, model="kvcs-test/tiny-llama",
+                                    revision="seed-0", block_tokens=block_tokens)
+        else:
+            model = load_smollm2()
+            desc = smollm2_descriptor(model.config, block_tokens)
+        tok = load_tokens(tokens) if tokens is not None else load_tokenizer().encode(text or "")
+    except ModelError as e:
+        raise PeerError(str(e)) from None
+    if descriptor_out is not None:
+        descriptor_out.write_bytes(desc.canonical_json() + b"\n")
+    try:
+        res = asyncio.run(prefill_and_publish(model, desc, load_key(scope_key), tok, access,
+                                              chunk_blocks=chunk_blocks,
+                                              options=PublishOptions(confirm=confirm)))
+    except ValueError as e:
+        raise PeerError(str(e)) from None
+    if out is not None:
+        write_kvfile(out, res.plan.k, res.plan.v, desc, tok[:res.plan.k.shape[2]])
+    if report is not None:
+        report.write_text(json.dumps(res.summary.to_json(), indent=2) + "\n")
+    click.echo(format_namespace(res.plan.namespace))
+    s = res.summary
+    click.echo(f"prefilled {len(tok)} tokens; published {s.objects} objects ({s.bytes} bytes), "
+               f"{s.segments} segment(s) x {s.layers} layers in {s.elapsed_s:.2f} s; "
+               f"confirmed: {s.confirmed}; next token {int(res.logits.argmax())}", err=True)
+
+
 def register(main: click.Group) -> None:
     """Add the peer commands to the ``kvcs`` group."""
-    for cmd in (publish, subscribe, fetch):
+    for cmd in (publish, subscribe, fetch, prefill):
         main.add_command(cmd)

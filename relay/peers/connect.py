@@ -7,11 +7,18 @@ import os
 from dataclasses import dataclass
 
 from relay.session import MoqtSession, SessionConfig, SessionFailure, open_session
-from relay.transport import TransportError
+from relay.transport import QuicSettings, TransportError
 
 from .errors import PeerError
 
 CONNECT_TIMEOUT = 10.0
+
+# Small send buffers: a publisher writes layer by layer, and what it has queued in QUIC is
+# sent round-robin across streams. Queuing little keeps layer g ahead of layer g+1 on the
+# wire (kvcs-draft 3.4: earlier layers first), so a live consumer can start on layer 0 while
+# later layers are still being produced.
+PEER_SETTINGS = QuicSettings(send_buffer_high=256 * 1024,
+                             connection_send_buffer_high=1024 * 1024)
 
 
 @dataclass(frozen=True)
@@ -22,13 +29,14 @@ class RelayAccess:
     ca_file: str | os.PathLike[str] | None = None
     insecure: bool = False
     timeout: float = CONNECT_TIMEOUT
+    settings: QuicSettings = PEER_SETTINGS
 
 
 async def connect(url: str, access: RelayAccess) -> MoqtSession:
     try:
         return await asyncio.wait_for(
             open_session(url, config=SessionConfig(), ca_file=access.ca_file,
-                         insecure=access.insecure), access.timeout)
+                         insecure=access.insecure, settings=access.settings), access.timeout)
     except TimeoutError:
         raise PeerError(f"relay {url}: no answer within {access.timeout:g} s") from None
     except (OSError, TransportError, SessionFailure, ValueError) as e:

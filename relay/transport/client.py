@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from aioquic.quic.connection import QuicConnection
 
+from .burst import install, make_socket
 from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
 from .endpoint import Endpoint
@@ -64,9 +65,10 @@ async def connect(url: str, *, settings: QuicSettings | None = None,
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     family, addr = infos[0][0], infos[0][4]
     quic = QuicConnection(configuration=config)
+    sock = make_socket("::" if family == socket.AF_INET6 else "0.0.0.0", 0)
     _, ep = await loop.create_datagram_endpoint(
-        lambda: Endpoint(quic, settings=settings, path=path, authority=authority),
-        local_addr=("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+        lambda: Endpoint(quic, settings=settings, path=path, authority=authority), sock=sock)
+    install(loop, sock, ep)
     ep.connect(addr)
     try:
         return await asyncio.wait_for(asyncio.shield(ep._ready), settings.connect_timeout)

@@ -40,6 +40,7 @@ from aioquic.quic.events import (
 )
 
 from ._quic import CreditedQuicConnection, adopt
+from .burst import BURST
 from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
 from .errors import ConnectionClosed, ProtocolNegotiationError, TransportError
@@ -79,6 +80,7 @@ class Endpoint(QuicConnectionProtocol):
         self._quic: CreditedQuicConnection = adopt(quic, settings)
         self._settings = settings
         self._server = server
+        self._burst_dirty = False
         self._is_client = quic.configuration.is_client
         self._local_bit = 0 if self._is_client else 1
         self._path = path
@@ -468,7 +470,23 @@ class Endpoint(QuicConnectionProtocol):
     # -- I/O hooks -------------------------------------------------------------------------
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        if BURST.active:
+            # Part of a burst (see burst.py): feed QUIC now, process once at the end.
+            self._quic.receive_datagram(data, addr, now=self._loop.time())  # type: ignore[arg-type]
+            if not self._burst_dirty:
+                self._burst_dirty = True
+                BURST.dirty.append(self)
+            return
         super().datagram_received(data, addr)
+        self._check_peer_close()
+
+    def burst_flush(self) -> None:
+        self._burst_dirty = False
+        self._process_events()
+        self.transmit()
+        self._check_peer_close()
+
+    def _check_peer_close(self) -> None:
         # aioquic reports a peer's CONNECTION_CLOSE only after its draining period
         # (3 PTO); surface the peer's code and reason now.
         close = self._quic._close_event

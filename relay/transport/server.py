@@ -12,6 +12,7 @@ from typing import Any
 from aioquic.asyncio.server import QuicServer
 from aioquic.quic.connection import QuicConnection
 
+from .burst import install, make_socket
 from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
 from .endpoint import Endpoint
@@ -136,8 +137,10 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     config.load_cert_chain(os.fspath(certfile), os.fspath(keyfile))
     server = Server(handler, settings, wt_path)
     loop = asyncio.get_running_loop()
+    sock = make_socket(host, port)
     _, udp = await loop.create_datagram_endpoint(
         lambda: QuicServer(configuration=config, create_protocol=server._create_protocol),
-        local_addr=(host, port))
+        sock=sock)
+    install(loop, sock, udp)
     server._udp = udp
     return server

@@ -20,6 +20,8 @@ from relay.kvcs.kvfile import read_kvfile, write_kvfile
 from relay.kvcs.plan import SPLIT_RAW, PublicationPlan, TrackSpec
 from relay.kvcs.registry import Codec, Component
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
+from relay.session.errors import SessionFailure
+from relay.transport import TransportError
 
 from .connect import RelayAccess
 from .errors import EXIT_ERROR, PeerError
@@ -51,8 +53,14 @@ def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(str(e))
         except OSError as e:
             _fail(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}")
+        except (SessionFailure, TransportError) as e:
+            _fail(f"session: {e}")
         except KeyboardInterrupt:
             _fail("interrupted", 130)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click prints these itself (usage errors exit 2)
+        except Exception as e:  # no traceback reaches a user: one line, exit 1
+            _fail(f"internal error: {type(e).__name__}: {e}")
     return wrapper
 
 

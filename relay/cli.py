@@ -89,6 +89,9 @@ def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         pass
+    except Exception as e:  # e.g. an unusable LMDB directory: one line, never a traceback
+        click.echo(f"error: {type(e).__name__}: {e}", err=True)
+        sys.exit(1)
 
 
 

@@ -179,6 +179,7 @@ class RelayHandler(SessionHandler):
         err = await relay.ensure_upstream(track)
         ended = err is not None and track.store.known_final(track.key) is not None
         if err is not None and not ended:
+            relay.forget_if_idle(track)
             await req.reject(err.code, err.reason)
             return
         session = self._sess(req)
@@ -310,6 +311,7 @@ class RelayHandler(SessionHandler):
             if await relay.fetch_upstream(track, start, end):
                 largest = track.largest()
         if largest is None:
+            relay.forget_if_idle(track)
             await req.reject(RequestErrorCode.DOES_NOT_EXIST
                              if not relay._sources(req.namespace) else
                              RequestErrorCode.INVALID_RANGE, "nothing published")

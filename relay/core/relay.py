@@ -162,6 +162,13 @@ class Relay:
             t.counters = self.counters
         return t
 
+    def forget_if_idle(self, track: RelayTrack) -> None:
+        """Drop the registry entry of a Track the relay knows nothing about (a refused
+        SUBSCRIBE or FETCH for a name nobody publishes), so such requests cannot grow it."""
+        if track.establishing is None and not track.upstreams and not track.forwarders and \
+                track.largest() is None and self.tracks.get(track.full_name) is track:
+            del self.tracks[track.full_name]
+
     async def _commit(self, track: RelayTrack) -> None:
         """Persist a complete Track to LMDB, off the event loop, one commit at a time."""
         durable = self.store.durable

@@ -39,8 +39,10 @@ class UpstreamLink:
 
     @property
     def session(self) -> MoqtSession | None:
+        """The session new requests go to: not a closed one, nor one whose peer sent GOAWAY
+        (§4.3: start no new requests there; the next ``get`` dials again)."""
         s = self._session
-        return s if s is not None and not s.closed else None
+        return s if s is not None and not s.closed and s.goaway_received is None else None
 
     async def get(self) -> MoqtSession | None:
         """The live upstream session, dialling the URLs in order if needed (None: none up)."""

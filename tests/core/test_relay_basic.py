@@ -168,3 +168,21 @@ async def test_a_push_far_larger_than_the_receive_queue_loses_nothing(tmp_path: 
         assert r.relay.counters.get("objects_received") == 8 * 128
     finally:
         await r.close()
+
+
+async def test_requests_for_unknown_tracks_do_not_grow_the_relay(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    try:
+        s = await client(r)
+        for i in range(20):
+            ns = make_ns()
+            for call in (s.subscribe(ns, b"t%d" % i), s.fetch(ns, b"t%d" % i)):
+                try:
+                    await asyncio.wait_for(call, TIMEOUT)
+                except RequestRejected as e:
+                    assert e.code == RequestErrorCode.DOES_NOT_EXIST
+                else:
+                    raise AssertionError("a request for an unknown Track was accepted")
+        assert r.relay.tracks == {}
+    finally:
+        await r.close()

@@ -3,15 +3,14 @@ published cache fetched back with `kvcs fetch`."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import model_sys_path  # noqa: F401  (tests/peers on sys.path)
 import numpy as np
 import pytest
+from cli_harness import relay_process, run_kvcs
 from model_helpers import SCOPE_KEY
 
 from relay.kvcs.identifiers import write_scope_key
@@ -19,49 +18,20 @@ from relay.kvcs.kvfile import read_kvfile
 from relay.model.llama import KVCache, tiny_llama
 
 TIMEOUT = 60.0
-KVCS = [sys.executable, "-m", "relay.cli"]
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
-async def _run(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(*KVCS, *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+
+
+async def _run(*args: str, timeout: float = TIMEOUT) -> tuple[int, str, str]:
+    return await run_kvcs(*args, timeout=timeout)
 
 
 @pytest.fixture
 async def relay_url(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
-    port = _free_udp_port()
-    data = tmp_path / "relay"
-    proc = await asyncio.create_subprocess_exec(
-        *KVCS, "relay", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    assert proc.stderr is not None
-    drain = None
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while b"relay ready" not in (line := await proc.stderr.readline()):
-                assert line, "the relay exited before it was ready"
-        drain = asyncio.ensure_future(proc.stderr.read())  # never block on a full pipe
-        yield f"moqt://127.0.0.1:{port}/", data / "tls" / "cert.pem"
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await asyncio.wait_for(proc.wait(), TIMEOUT)
-        if drain is not None:
-            drain.cancel()
+    async with relay_process(tmp_path / "relay", TIMEOUT) as url_ca:
+        yield url_ca
 
 
 async def test_prefill_command_publishes_what_fetch_gets_back(

@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_harness import free_udp_port, relay_process, run_kvcs
 from peers_helpers import SCOPE_KEY
 
 from relay.kvcs.identifiers import write_scope_key
@@ -20,49 +19,21 @@ from relay.kvcs.kvfile import read_kvfile
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_tokens
 
 TIMEOUT = 30.0
-KVCS = [sys.executable, "-m", "relay.cli"]
 SYNTH = (3, 2, 8, 40, "float16", 9)  # 3 layers, 2 heads, dim 8, 40 tokens: 5 blocks of 8
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+
 
 
 async def _run(*args: str, timeout: float = TIMEOUT) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(*KVCS, *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await run_kvcs(*args, timeout=timeout)
 
 
 @pytest.fixture
 async def relay_url(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
-    port = _free_udp_port()
-    data = tmp_path / "relay"
-    proc = await asyncio.create_subprocess_exec(
-        *KVCS, "relay", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    assert proc.stderr is not None
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while b"relay ready" not in (line := await proc.stderr.readline()):
-                assert line, "the relay exited before it was ready"
-        # keep draining its log so the relay never blocks on a full pipe
-        drain = asyncio.ensure_future(proc.stderr.read())
-        yield f"moqt://127.0.0.1:{port}/", data / "tls" / "cert.pem"
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await asyncio.wait_for(proc.wait(), TIMEOUT)
-        drain.cancel()
+    async with relay_process(tmp_path / "relay", TIMEOUT) as url_ca:
+        yield url_ca
 
 
 @pytest.fixture
@@ -133,7 +104,7 @@ async def test_publish_subscribe_fetch_end_to_end(relay_url: tuple[str, Path],
 
 
 async def test_cli_errors_are_one_line(inputs: dict[str, str], tmp_path: Path) -> None:
-    port = _free_udp_port()  # nobody listens there
+    port = free_udp_port()  # nobody listens there
     code, _, err = await _run(*_consumer("fetch", f"moqt://127.0.0.1:{port}/",
                                          Path(inputs["descriptor"]), inputs,
                                          tmp_path / "x.kv"), "--insecure", "--connect-ms", "500")

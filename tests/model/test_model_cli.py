@@ -20,10 +20,6 @@ from relay.model.llama import KVCache, tiny_llama
 TIMEOUT = 60.0
 
 
-
-
-
-
 async def _run(*args: str, timeout: float = TIMEOUT) -> tuple[int, str, str]:
     return await run_kvcs(*args, timeout=timeout)
 

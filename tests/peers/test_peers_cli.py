@@ -22,10 +22,6 @@ TIMEOUT = 30.0
 SYNTH = (3, 2, 8, 40, "float16", 9)  # 3 layers, 2 heads, dim 8, 40 tokens: 5 blocks of 8
 
 
-
-
-
-
 async def _run(*args: str, timeout: float = TIMEOUT) -> tuple[int, str, str]:
     return await run_kvcs(*args, timeout=timeout)
 

@@ -106,6 +106,8 @@ class Relay:
         self._fetches: dict[tuple[FullTrackName, Location, Location], asyncio.Future[bool]] = {}
         self._upstream_ns: dict[TrackNamespace, Any] = {}
         self._cached_ns: dict[TrackNamespace, PublisherEntry] = {}
+        self._created = 0
+        self.sweep_every = 1024  # new Tracks between two sweeps of the registry
         self.draining = False
         durable = store.durable
         if durable is not None:
@@ -158,9 +160,25 @@ class Relay:
     def track(self, name: FullTrackName) -> RelayTrack:
         t = self.tracks.get(name)
         if t is None:
+            self._created += 1
+            if self._created % self.sweep_every == 0:
+                self.sweep()
             t = self.tracks[name] = RelayTrack(name, self.store, self._commit)
             t.counters = self.counters
         return t
+
+    def sweep(self) -> int:
+        """Forget Tracks that have nothing left: no upstream, no subscriber, nothing cached
+        in either tier. A long-running relay sees many publications come and go; their
+        registry entries must not outlive their Objects. Returns how many were dropped."""
+        dropped = 0
+        for t in list(self.tracks.values()):
+            if t.establishing is None and not t.upstreams and not t.forwarders and \
+                    (t._commit_task is None or t._commit_task.done()) and \
+                    self.store.largest_object(t.key) is None:
+                del self.tracks[t.full_name]
+                dropped += 1
+        return dropped
 
     def forget_if_idle(self, track: RelayTrack) -> None:
         """Drop the registry entry of a Track the relay knows nothing about (a refused

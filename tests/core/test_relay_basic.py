@@ -15,6 +15,7 @@ from relay_helpers import (
     make_ns,
     push_track,
     relay_at,
+    wait_cached,
 )
 
 from relay.moqt.codes import GroupOrder, ParameterType, RequestErrorCode
@@ -184,5 +185,28 @@ async def test_requests_for_unknown_tracks_do_not_grow_the_relay(tmp_path: Path)
                 else:
                     raise AssertionError("a request for an unknown Track was accepted")
         assert r.relay.tracks == {}
+    finally:
+        await r.close()
+
+
+async def test_tracks_whose_objects_are_all_gone_leave_the_registry(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    r.relay.sweep_every = 4
+    names = [FullTrackName(make_ns(), b"k.raw.s0") for _ in range(3)]
+    try:
+        pub = await client(r)
+        for name in names:  # pushed, then the publisher fails: never committed
+            t = await push_track(pub, name, layers=2)
+            await t.group(0, group_payloads(0, 2))
+            await wait_cached(r, name, Location(0, 2))
+        await pub.aclose()
+        for name in names[:2]:  # evicted from memory: nothing is left of them
+            r.store.memory.drop_track(r.relay.tracks[name].key)
+        async with asyncio.timeout(TIMEOUT):
+            for n in names:  # each Track's ingest ends with its publisher's session
+                while r.relay.tracks[n].upstreams:
+                    await r.relay.tracks[n].wait_change(TIMEOUT)
+        assert r.relay.sweep() == 2
+        assert set(r.relay.tracks) == {names[2]}  # still cached, still known
     finally:
         await r.close()

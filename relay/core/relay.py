@@ -107,6 +107,7 @@ class Relay:
         self._upstream_ns: dict[TrackNamespace, Any] = {}
         self._cached_ns: dict[TrackNamespace, PublisherEntry] = {}
         self._created = 0
+        self._evictions_seen = store.durable.evicted_tracks if store.durable is not None else 0
         self.sweep_every = 1024  # new Tracks between two sweeps of the registry
         self.draining = False
         durable = store.durable
@@ -208,6 +209,13 @@ class Relay:
                 return
             track.committed = True
             self._announce_cached(track.full_name.namespace)
+            if durable.evicted_tracks != self._evictions_seen:
+                # LMDB made room by evicting Tracks: namespaces it no longer holds any Track
+                # of are done (NAMESPACE_DONE, unless a live publisher still announces them).
+                self._evictions_seen = durable.evicted_tracks
+                held = {tuple(ns) for ns, _ in await asyncio.to_thread(durable.tracks)}
+                for ns in [ns for ns in self._cached_ns if ns not in held]:
+                    self.namespaces.remove_publisher(self._cached_ns.pop(ns))
             self.counters.inc("lmdb_committed_tracks")
             self.counters.inc("lmdb_committed_bytes", n)
 

@@ -35,11 +35,12 @@ def make_ns(tag: bytes = b"") -> tuple[bytes, ...]:
 async def relay_at(data_dir: Path, *, upstream: Sequence[str] = (), port: int = 0,
                    options: RelayOptions | None = None, memory_bytes: int = 256 << 20,
                    auth_tokens: list[dict[str, object]] | None = None,
-                   send_buffer_bytes: int = 1 << 20) -> RunningRelay:
+                   send_buffer_bytes: int = 1 << 20, lmdb_bytes: int = 256 << 20
+                   ) -> RunningRelay:
     cfg = RelayConfig(send_buffer_bytes=send_buffer_bytes, listen_port=port,
                       data_dir=data_dir, upstream=list(upstream), upstream_insecure=True,
                       memory_bytes=memory_bytes,
-                      lmdb_bytes=256 << 20, options=options or RelayOptions(),
+                      lmdb_bytes=lmdb_bytes, options=options or RelayOptions(),
                       auth_tokens=auth_tokens or [])
     return await start_relay(cfg)
 

@@ -158,3 +158,28 @@ async def test_committed_publications_stay_discoverable_after_publisher_and_rest
         assert ev.active and ev.namespace == name.namespace
     finally:
         await r2.close()
+
+
+async def test_a_namespace_evicted_from_lmdb_is_done(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path, lmdb_bytes=400 * 1024)
+    first, second = (FullTrackName(make_ns(), b"k.raw.s0") for _ in range(2))
+    try:
+        watcher = await client(r)
+        nsub = await asyncio.wait_for(watcher.subscribe_namespace((b"kvcs-1",)), TIMEOUT)
+        events = aiter(nsub)
+        for name in (first, second):  # each ~250 KiB: the second commit evicts the first
+            pub = await client(r)
+            t = await push_track(pub, name, layers=1)
+            await t.group(0, group_payloads(0, 5, size=50_000))
+            await t.end()
+            assert await r.relay.wait_committed(name, TIMEOUT)
+            await pub.aclose()
+        seen: list[tuple[tuple[bytes, ...], bool]] = []
+        async with asyncio.timeout(TIMEOUT):
+            while (first.namespace, False) not in seen:
+                ev = await anext(events)
+                seen.append((ev.namespace, ev.active))
+        assert (second.namespace, False) not in seen
+        assert r.store.durable is not None and r.store.durable.evicted_tracks >= 1
+    finally:
+        await r.close()

@@ -142,6 +142,8 @@ class LmdbStore:
         self._tracks = self._env.open_db(b"tracks")
         self._groups = self._env.open_db(b"groups")
         self._lru = self._env.open_db(b"lru")
+        # Track Properties (opaque bytes, as the relay received them) by track id
+        self._props = self._env.open_db(b"props")
         self._readers = 0
         self._touched: dict[int, float] = {}
         with self._env.begin() as txn:
@@ -154,7 +156,7 @@ class LmdbStore:
     # -- writing ---------------------------------------------------------------------------
 
     def commit_track(self, track: TrackKey, groups: Sequence[Sequence[StoredObject]], *,
-                     created: float | None = None) -> int:
+                     created: float | None = None, properties: bytes = b"") -> int:
         """Write a whole track in one transaction; returns bytes written (0 if already held).
 
         Raises `IncompleteTrackError` (never written), `StorageFullError` (nothing written).
@@ -188,6 +190,8 @@ class LmdbStore:
                     meta.seq = self._seq
                     txn.put(_u64(tid), meta.pack(), db=self._tracks)
                     txn.put(nkey, _u64(tid), db=self._names)
+                    if properties:
+                        txn.put(_u64(tid), bytes(properties), db=self._props)
                     txn.put(_u64(meta.seq) + _u64(tid), b"", db=self._lru)
                     self._next_id = tid + 1
                     self._bytes += size
@@ -346,6 +350,7 @@ class LmdbStore:
         meta = _Meta(raw)
         txn.delete(_u64(meta.seq) + _u64(tid), db=self._lru)
         txn.delete(_u64(tid), db=self._tracks)
+        txn.delete(_u64(tid), db=self._props)
         txn.delete(track_name_key(meta.name), db=self._names)
         prefix = _u64(tid)
         with txn.cursor(db=self._groups) as cur:
@@ -422,6 +427,14 @@ class LmdbReadSession:
         if self._txn is None:
             raise StorageError("read session is closed")
         return self._txn
+
+    def properties(self, track: TrackKey) -> bytes:
+        """The Track Properties committed with the track (b"" if none, or not held)."""
+        tid = self.track_id(track)
+        if tid is None:
+            return b""
+        raw = self._live_txn().get(_u64(tid), db=self._store._props)
+        return bytes(raw) if raw is not None else b""
 
     def track_id(self, track: TrackKey) -> int | None:
         """The compact id of a visible committed track (records a use for LRU)."""

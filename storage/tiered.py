@@ -69,7 +69,14 @@ class TieredStore:
         """Keep the track's Groups in memory while a fill walks them (see `MemoryStore.pin`)."""
         return self.memory.pin(track, first_group, last_group)
 
-    def commit(self, track: TrackKey) -> int:
+    def track_properties(self, track: TrackKey) -> bytes:
+        """Track Properties committed to LMDB with the track (b"" if none or not held)."""
+        if self.durable is None:
+            return b""
+        with self.durable.session() as s:
+            return s.properties(track)
+
+    def commit(self, track: TrackKey, properties: bytes = b"") -> int:
         """Write a complete track to LMDB; returns bytes written (0: no LMDB, or already held).
 
         Raises `IncompleteTrackError` if memory does not hold the whole track or it was
@@ -81,7 +88,7 @@ class TieredStore:
         if groups is None:
             why = "aborted" if self.memory.is_aborted(track) else "not complete in memory"
             raise IncompleteTrackError(f"track {track!r} is {why}")
-        return self.durable.commit_track(track, groups)
+        return self.durable.commit_track(track, groups, properties=properties)
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from relay.moqt.codes import (
     RequestErrorCode,
     SessionErrorCode,
 )
+from relay.moqt.kvp import encode_kvps, kvps_from_bytes
 from relay.moqt.location_filter import (
     LocationFilter,
 )
@@ -166,6 +167,9 @@ class Relay:
                 self.sweep()
             t = self.tracks[name] = RelayTrack(name, self.store, self._commit)
             t.counters = self.counters
+            stored = self.store.track_properties(t.key)
+            if stored:  # a Track held in LMDB keeps its Track Properties across restarts
+                t.properties = kvps_from_bytes(stored)
         return t
 
     def sweep(self) -> int:
@@ -200,7 +204,8 @@ class Relay:
             if groups is None:
                 return  # a gap, or aborted: never persisted
             try:
-                n = await asyncio.to_thread(durable.commit_track, track.key, groups)
+                n = await asyncio.to_thread(durable.commit_track, track.key, groups,
+                                            properties=encode_kvps(track.properties))
             except StorageFullError as e:
                 log.warning("LMDB full, %r stays in memory only: %s", track, e)
                 self.counters.inc("lmdb_full")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from relay_helpers import (
     TIMEOUT,
+    PushedTrack,
     client,
     drain,
     group_payloads,
@@ -19,6 +20,7 @@ from relay_helpers import (
 )
 
 from relay.moqt.codes import GroupOrder, ParameterType, RequestErrorCode
+from relay.moqt.kvp import KeyValuePair
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
@@ -210,3 +212,30 @@ async def test_tracks_whose_objects_are_all_gone_leave_the_registry(tmp_path: Pa
         assert set(r.relay.tracks) == {names[2]}  # still cached, still known
     finally:
         await r.close()
+
+
+async def test_track_properties_survive_in_lmdb_across_a_restart(tmp_path: Path) -> None:
+    props = (KeyValuePair(0x0E, 3), KeyValuePair(0x3801, b"app-defined"))
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    r = await relay_at(tmp_path)
+    try:
+        pub = await client(r)
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        served = await asyncio.wait_for(
+            pub.publish(name.namespace, name.name, properties=props), TIMEOUT)
+        track = PushedTrack(pub, served, name, 1)
+        await track.group(0, group_payloads(0, 2))
+        await track.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+    finally:
+        await r.close()
+    r2 = await relay_at(tmp_path)
+    try:
+        c = await client(r2)
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name), TIMEOUT)
+        assert tuple(resp.track_properties) == props
+        no_props = await asyncio.wait_for(
+            c.fetch(name.namespace, name.name, Params(include_properties=False)), TIMEOUT)
+        assert tuple(no_props.track_properties) == ()
+    finally:
+        await r2.close()

@@ -224,3 +224,19 @@ def test_delete_track(tmp_path: Path) -> None:
     assert store.tracks() == [track_key(1)]
     assert store.bytes_used == store.info(track_key(1)).nbytes  # type: ignore[union-attr]
     store.close()
+
+
+def test_track_properties_are_kept_with_the_track(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    store.commit_track(track_key(0), full_track([2]), properties=b"\x0e\x07opaque")
+    store.commit_track(track_key(1), full_track([2]))
+    store.close()
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    with store.session() as s:
+        assert s.properties(track_key(0)) == b"\x0e\x07opaque"
+        assert s.properties(track_key(1)) == b""
+    assert store.delete_track(track_key(0))
+    store.commit_track(track_key(0), full_track([3]))  # a new track under the same name
+    with store.session() as s:
+        assert s.properties(track_key(0)) == b""  # nothing left over from the deleted one
+    store.close()

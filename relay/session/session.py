@@ -218,7 +218,13 @@ class MoqtSession:
         assert self._close_info is not None
         return self._close_info
 
-    async def aclose(self, code: int = SessionErrorCode.NO_ERROR, reason: str = "") -> None:
+    async def aclose(self, code: int = SessionErrorCode.NO_ERROR, reason: str = "",
+                     drain: float = 2.0) -> None:
+        """Close; an orderly close (NO_ERROR) first lets what was written reach the peer
+        (bounded by ``drain`` seconds), so a publisher that ends right after writing loses
+        nothing."""
+        if code == SessionErrorCode.NO_ERROR and not self.closed and drain > 0:
+            await self.conn.drain(drain)
         self.close(code, reason)
         await self.conn.aclose(int(code), reason)
 

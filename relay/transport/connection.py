@@ -173,6 +173,29 @@ class Connection:
         assert self._close_exc is not None
         return self._close_exc.code, self._close_exc.reason
 
+    async def drain(self, timeout: float = 2.0) -> bool:
+        """Wait (at most ``timeout``) until everything written has been sent and acknowledged,
+        so that a close right after cannot drop it. True if drained."""
+        loop, ep = self._loop, self._ep
+        deadline = loop.time() + timeout
+        while not self._drained():
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self._close_exc is not None:
+                return False
+            # woken on every transmit, which follows every packet received (ACKs included)
+            fut: asyncio.Future[None] = loop.create_future()
+            ep._credit_waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except TimeoutError:
+                return False
+        return True
+
+    def _drained(self) -> bool:
+        quic = self._ep._quic
+        return (self._conn_unsent() <= 0 and quic._loss.bytes_in_flight == 0
+                and all(s.sender.buffer_is_empty for s in quic._streams.values()))
+
     async def aclose(self, code: int = 0, reason: str = "", timeout: float = 2.0) -> None:
         """Close and, on a client, wait (bounded) until the socket is released."""
         self.close(code, reason)

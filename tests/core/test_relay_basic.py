@@ -239,3 +239,19 @@ async def test_track_properties_survive_in_lmdb_across_a_restart(tmp_path: Path)
         assert tuple(no_props.track_properties) == ()
     finally:
         await r2.close()
+
+
+async def test_a_publisher_closing_right_after_writing_loses_nothing(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=4)
+        for g in range(4):
+            await track.group(g, group_payloads(g, 16, size=32 * 1024))
+        await track.end()
+        await pub.aclose()  # an orderly close drains what was written first
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        assert r.relay.counters.get("objects_received") == 4 * 16
+    finally:
+        await r.close()

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from relay.moqt.codes import (
     GroupOrder,
@@ -65,6 +65,7 @@ from .request_stream import RequestStream
 if TYPE_CHECKING:
     from .session import MoqtSession
 
+E = TypeVar("E")
 _END = object()  # queue sentinel: iteration ends
 
 
@@ -114,6 +115,21 @@ class _EventQueue:
         return item
 
 
+class _EventSource(Generic[E]):
+    """An async iterator over one request's events (see ``_EventQueue``)."""
+
+    _events: _EventQueue
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> E:
+        return await self._events.get()  # type: ignore[no-any-return]
+
+    async def deliver(self, event: E) -> None:
+        await self._events.put(event)
+
+
 def _rejected(session: MoqtSession, msg: RequestErrorMessage, namespace_request: bool
               ) -> RequestRejected:
     check_redirect(msg, sender_is_client=not session.is_client,
@@ -157,7 +173,7 @@ async def request_ok(session: MoqtSession, make: Callable[[int], RequestMessage]
 # -- SUBSCRIBE ----------------------------------------------------------------------------------
 
 
-class Subscription:
+class Subscription(_EventSource[SubscriptionEvent]):
     """The subscriber side of one subscription (SUBSCRIBE we sent, or PUBLISH we accepted).
 
     Iterate it for ``SubscriptionEvent``s; iteration ends after ``SubscriptionDone``. It
@@ -187,15 +203,6 @@ class Subscription:
         self._fill_request_ids: list[int] = []
 
     # events ---------------------------------------------------------------------------------
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> SubscriptionEvent:
-        return await self._events.get()
-
-    async def deliver(self, event: SubscriptionEvent) -> None:
-        await self._events.put(event)
 
     def stream_opened(self) -> None:
         self._open_streams += 1
@@ -344,7 +351,7 @@ async def start_subscribe(session: MoqtSession, namespace: TrackNamespace, name:
 # -- FETCH --------------------------------------------------------------------------------------
 
 
-class FetchResponse:
+class FetchResponse(_EventSource[FetchEvent]):
     """The requester side of a FETCH: FETCH_OK's fields, then the fetch stream's Objects."""
 
     def __init__(self, session: MoqtSession, rs: RequestStream, request_id: int,
@@ -360,15 +367,6 @@ class FetchResponse:
         self.track_properties: Properties = ()
         self._events = _EventQueue(session.config.receive_queue)
         self.ended = False
-
-    def __aiter__(self) -> FetchResponse:
-        return self
-
-    async def __anext__(self) -> FetchEvent:
-        return await self._events.get()
-
-    async def deliver(self, event: FetchEvent) -> None:
-        await self._events.put(event)
 
     def stream_opened(self) -> None:
         pass
@@ -594,7 +592,7 @@ async def start_publish_namespace(session: MoqtSession, namespace: TrackNamespac
     return handle
 
 
-class NamespaceSubscription:
+class NamespaceSubscription(_EventSource[NamespaceEvent]):
     """A SUBSCRIBE_NAMESPACE we sent: iterate for ``NamespaceEvent``s (§7.13)."""
 
     def __init__(self, session: MoqtSession, rs: RequestStream, prefix: TrackNamespace) -> None:
@@ -604,11 +602,6 @@ class NamespaceSubscription:
         self.active: set[TrackNamespace] = set()
         self._events = _EventQueue(1 << 16)
 
-    def __aiter__(self) -> NamespaceSubscription:
-        return self
-
-    async def __anext__(self) -> NamespaceEvent:
-        return await self._events.get()
 
     async def _loop(self) -> None:
         try:

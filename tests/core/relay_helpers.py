@@ -16,6 +16,7 @@ from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.service import RelayConfig, RunningRelay, start_relay
 from relay.session import (
+    FetchResponse,
     MoqtSession,
     ReceivedObject,
     ServedSubscription,
@@ -134,3 +135,11 @@ async def wait_cached(running: RunningRelay, name: FullTrackName, loc: Location)
                 await asyncio.sleep(0)
             else:
                 await track.wait_change(TIMEOUT)
+
+
+async def fetch_objects(session: MoqtSession, name: FullTrackName
+                        ) -> tuple[FetchResponse, dict[Location, bytes]]:
+    """FETCH the whole Track: the response (FETCH_OK fields) and its Objects by Location."""
+    resp = await asyncio.wait_for(session.fetch(name.namespace, name.name), TIMEOUT)
+    async with asyncio.timeout(TIMEOUT):
+        return resp, {e.location: bytes(e.payload) for e in await resp.collect()}

@@ -11,6 +11,7 @@ from relay_helpers import (
     PushedTrack,
     client,
     drain,
+    fetch_objects,
     group_payloads,
     live_params,
     make_ns,
@@ -41,10 +42,8 @@ async def test_pushed_track_outlives_its_publisher_and_a_restart(tmp_path: Path)
         await pub.aclose()
 
         sub = await client(r)
-        resp = await asyncio.wait_for(sub.fetch(name.namespace, name.name), TIMEOUT)
+        resp, got = await fetch_objects(sub, name)
         assert resp.end_of_track and resp.end_location == Location(4, 0)
-        async with asyncio.timeout(TIMEOUT):
-            got = {e.location: bytes(e.payload) for e in await resp.collect()}
         assert got == track.sent
         await sub.aclose()
     finally:

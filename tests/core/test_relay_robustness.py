@@ -13,6 +13,7 @@ from relay_helpers import (
     Received,
     client,
     drain,
+    fetch_objects,
     group_payloads,
     live_params,
     make_ns,
@@ -67,9 +68,7 @@ async def test_malformed_sessions_are_closed_with_the_spec_code_and_others_keep_
         await track.group(1, group_payloads(1, 3))
         await track.end()
         sub = await client(r)
-        resp = await asyncio.wait_for(sub.fetch(name.namespace, name.name), TIMEOUT)
-        async with asyncio.timeout(TIMEOUT):
-            got = {e.location: bytes(e.payload) for e in await resp.collect()}
+        _resp, got = await fetch_objects(sub, name)
         assert got == track.sent
         assert not pub.closed
     finally:

@@ -9,6 +9,7 @@ from relay_helpers import (
     TIMEOUT,
     client,
     drain,
+    fetch_objects,
     group_payloads,
     live_params,
     make_ns,
@@ -101,9 +102,7 @@ async def test_publisher_to_relay_a_to_relay_b_to_three_subscribers(tmp_path: Pa
         # B FETCHes what it lacks from A after the publisher has gone
         await pub.aclose()
         late = await client(b)
-        resp = await asyncio.wait_for(late.fetch(names[1].namespace, names[1].name), TIMEOUT)
-        async with asyncio.timeout(TIMEOUT):
-            got = {e.location: bytes(e.payload) for e in await resp.collect()}
+        _resp, got = await fetch_objects(late, names[1])
         assert got == tracks[1].sent
     finally:
         await b.close()
@@ -123,9 +122,7 @@ async def test_cold_relay_b_fetches_a_completed_track_through_a(tmp_path: Path) 
         assert await a.relay.wait_committed(name, TIMEOUT)
         await pub.aclose()
         c = await client(b)
-        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name), TIMEOUT)
-        async with asyncio.timeout(TIMEOUT):
-            got = {e.location: bytes(e.payload) for e in await resp.collect()}
+        _resp, got = await fetch_objects(c, name)
         assert got == t.sent
         assert b.relay.counters.get("upstream_fetches") >= 1
     finally:

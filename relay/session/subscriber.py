@@ -324,23 +324,36 @@ class Subscription(_EventSource[SubscriptionEvent]):
         return reply
 
 
-async def start_subscribe(session: MoqtSession, namespace: TrackNamespace, name: bytes,
-                          params: Params) -> Subscription:
-    rs = await session.open_request()
-    rid = session.next_request_id()
-    sub = Subscription(session, rs, rid, namespace, name, params)
-    if params.fill is not None:
-        session.bind_request(rid, sub)  # the fill stream may overtake SUBSCRIBE_OK
+async def _send_routed(session: MoqtSession, rs: RequestStream, msg: RequestMessage,
+                       target: Subscription | FetchResponse, *, route: bool) -> Any:
+    """Send SUBSCRIBE or FETCH and return the first reply; with ``route``, data streams
+    carrying its Request ID reach ``route`` even before that reply. A failed request drops
+    the route; REQUEST_ERROR becomes RequestRejected."""
+    rid = msg.request_id
+    if route:
+        session.bind_request(rid, target)
     try:
-        await rs.send(Subscribe(rid, namespace, name, params))
-        reply = await _first_reply(session, rs, "SUBSCRIBE")
+        await rs.send(msg)
+        reply = await _first_reply(session, rs, msg.TYPE.name)
     except BaseException:
         session.unbind_request(rid)
         raise
     if isinstance(reply, RequestErrorMessage):
         session.unbind_request(rid)
+        target.ended = True
         await rs.finish()
         raise _rejected(session, reply, False)
+    return reply
+
+
+async def start_subscribe(session: MoqtSession, namespace: TrackNamespace, name: bytes,
+                          params: Params) -> Subscription:
+    rs = await session.open_request()
+    rid = session.next_request_id()
+    sub = Subscription(session, rs, rid, namespace, name, params)
+    # the fill stream may overtake SUBSCRIBE_OK
+    reply = await _send_routed(session, rs, Subscribe(rid, namespace, name, params), sub,
+                               route=params.fill is not None)
     if not isinstance(reply, SubscribeOk):
         raise protocol_violation(f"{type(reply).__name__} in reply to SUBSCRIBE")
     sub._established(reply.track_alias, reply.params, reply.track_properties)
@@ -404,18 +417,9 @@ async def start_fetch(session: MoqtSession, namespace: TrackNamespace, name: byt
     rs = await session.open_request()
     rid = session.next_request_id()
     resp = FetchResponse(session, rs, rid, namespace, name, params)
-    session.bind_request(rid, resp)  # data may come before FETCH_OK (§10 item 4)
-    try:
-        await rs.send(Fetch(rid, namespace, name, params))
-        reply = await _first_reply(session, rs, "FETCH")
-    except BaseException:
-        session.unbind_request(rid)
-        raise
-    if isinstance(reply, RequestErrorMessage):
-        session.unbind_request(rid)
-        resp.ended = True
-        await rs.finish()
-        raise _rejected(session, reply, False)
+    # data may come before FETCH_OK (§10 item 4)
+    reply = await _send_routed(session, rs, Fetch(rid, namespace, name, params), resp,
+                               route=True)
     if not isinstance(reply, FetchOk):
         raise protocol_violation(f"{type(reply).__name__} in reply to FETCH")
     lf = params.location_filter

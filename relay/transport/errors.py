@@ -55,3 +55,13 @@ class StreamStopped(TransportError):
     def __init__(self, code: int) -> None:
         super().__init__(f"peer stopped the stream (code 0x{code:x})")
         self.code = code
+
+
+class ReceiveBufferFull(StreamReset):
+    """We stopped the stream (STOP_SENDING with ``code``): the application left more
+    unread than the receive windows allow. Only on a backend whose receive credit does
+    not follow application reads (qh3); see ``docs/transport.md``."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.args = (f"receive buffer full: stream stopped (code 0x{code:x})",)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aioquic.asyncio.server import QuicServer
-from aioquic.quic.connection import QuicConnection
-
+from .backend import QuicBackend, default_backend, get_backend
 from .burst import install, make_socket
 from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
@@ -33,11 +32,14 @@ class Server:
     with NO_ERROR if still open; if it raises, with INTERNAL_ERROR.
     """
 
-    def __init__(self, handler: Handler, settings: QuicSettings, wt_path: str) -> None:
+    def __init__(self, handler: Handler, settings: QuicSettings, wt_path: str,
+                 backend: QuicBackend) -> None:
         self._handler = handler
+        self.backend = backend
         self.settings = settings
         self.wt_path = wt_path
-        self._udp: QuicServer | None = None
+        self._udp: Any = None  # the backend's QuicServer
+        self._sock: socket.socket | None = None
         self._endpoints: weakref.WeakSet[Endpoint] = weakref.WeakSet()
         self._connections: set[Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -46,8 +48,8 @@ class Server:
     @property
     def address(self) -> tuple[str, int]:
         """The bound (host, port)."""
-        assert self._udp is not None and self._udp._transport is not None
-        sockname = self._udp._transport.get_extra_info("sockname")
+        assert self._sock is not None
+        sockname = self._sock.getsockname()
         return sockname[0], sockname[1]
 
     @property
@@ -60,8 +62,17 @@ class Server:
         """Sessions currently open."""
         return frozenset(c for c in self._connections if not c.closed)
 
-    def _create_protocol(self, quic: QuicConnection, stream_handler: Any = None) -> Endpoint:
-        ep = Endpoint(quic, settings=self.settings, server=self)
+    @property
+    def accepting(self) -> bool:
+        """False once :meth:`stop_accepting` or :meth:`close` was called."""
+        return not self._closing
+
+    def stop_accepting(self) -> None:
+        """Refuse new sessions (closed at once with NO_ERROR); open ones go on."""
+        self._closing = True
+
+    def _create_protocol(self, quic: Any, stream_handler: Any = None) -> Endpoint:
+        ep = Endpoint(quic, backend=self.backend, settings=self.settings, server=self)
         self._endpoints.add(ep)
         return ep
 
@@ -131,16 +142,18 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     and send an extended CONNECT to ``wt_path`` listing ``moqt-22`` in
     ``WT-Available-Protocols``. Other paths get 404. 0-RTT is never accepted (no session
     tickets are issued). ``port=0`` picks a free port; read it from :attr:`Server.port`.
+    ``settings.backend`` picks the QUIC library (:mod:`relay.transport.backend`).
     """
     settings = settings or QuicSettings()
-    config = settings.quic_configuration(is_client=False, alpn=[MOQT_ALPN, H3_ALPN])
+    backend = get_backend(settings.backend or default_backend("server"))
+    config = backend.configuration(settings, False, [MOQT_ALPN, H3_ALPN])
     config.load_cert_chain(os.fspath(certfile), os.fspath(keyfile))
-    server = Server(handler, settings, wt_path)
+    server = Server(handler, settings, wt_path, backend)
     loop = asyncio.get_running_loop()
     sock = make_socket(host, port)
     _, udp = await loop.create_datagram_endpoint(
-        lambda: QuicServer(configuration=config, create_protocol=server._create_protocol),
-        sock=sock)
+        lambda: backend.server(config, server._create_protocol), sock=sock)
     install(loop, sock, udp)
     server._udp = udp
+    server._sock = sock
     return server

@@ -7,7 +7,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import ConnectionClosed, StreamReset, StreamStopped, TransportError
+from .config import RECEIVE_OVERFLOW_CODE
+from .errors import (
+    ConnectionClosed,
+    ReceiveBufferFull,
+    StreamReset,
+    StreamStopped,
+    TransportError,
+)
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -239,7 +246,10 @@ class RecvStream:
         if data:
             self._buf.append(data)
             self._buffered += len(data)
-            self._conn._buffered(self.stream_id, len(data))
+            if self._conn._buffered(self.stream_id, len(data)):
+                self._conn._stop_stream(self.stream_id, RECEIVE_OVERFLOW_CODE)
+                self._drop(ReceiveBufferFull(RECEIVE_OVERFLOW_CODE))
+                return
         if fin:
             self._fin = True
         self._wake()

@@ -35,6 +35,21 @@ def fingerprint(certfile: str | os.PathLike[str]) -> str:
     return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
 
 
+def pinned_self_signed(certfile: str | os.PathLike[str]) -> str | None:
+    """The SHA-256 fingerprint (hex) if ``certfile`` holds exactly one certificate and it
+    is a self-signed end-entity certificate (not a CA), else None."""
+    certs = x509.load_pem_x509_certificates(Path(certfile).read_bytes())
+    if len(certs) != 1 or certs[0].issuer != certs[0].subject:
+        return None
+    try:
+        is_ca = certs[0].extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if is_ca:
+        return None
+    return hashlib.sha256(certs[0].public_bytes(serialization.Encoding.DER)).hexdigest()
+
+
 def ensure_self_signed(directory: str | os.PathLike[str], *,
                        hostnames: tuple[str, ...] = ("localhost",),
                        addresses: tuple[str, ...] = ("127.0.0.1", "::1"),

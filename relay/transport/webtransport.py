@@ -8,8 +8,6 @@ stream error-code mapping) is ours. Pure functions only; the event handling live
 
 from __future__ import annotations
 
-from aioquic.buffer import Buffer, BufferReadError, encode_uint_var
-
 from .config import MOQT_ALPN
 
 # draft-ietf-webtrans-http3: application error codes live in a reserved HTTP/3 range,
@@ -42,6 +40,30 @@ def wt_to_app_error(code: int) -> int | None:
     return shifted - shifted // 0x1F
 
 
+def encode_uint_var(value: int) -> bytes:
+    """A QUIC variable-length integer (RFC 9000 16)."""
+    if value < 0x40:
+        return bytes([value])
+    if value < 0x4000:
+        return (value | 0x4000).to_bytes(2, "big")
+    if value < 0x40000000:
+        return (value | 0x80000000).to_bytes(4, "big")
+    if value < 0x4000000000000000:
+        return (value | 0xC000000000000000).to_bytes(8, "big")
+    raise ValueError(f"{value} does not fit a QUIC varint")
+
+
+def pull_uint_var(data: bytes, pos: int) -> tuple[int, int] | None:
+    """(value, next position) of the varint at ``pos``, or None if ``data`` ends first."""
+    if pos >= len(data):
+        return None
+    n = 1 << (data[pos] >> 6)
+    if pos + n > len(data):
+        return None
+    value = int.from_bytes(data[pos:pos + n], "big") & ((1 << (8 * n - 2)) - 1)
+    return value, pos + n
+
+
 def encode_close_capsule(code: int, reason: str) -> bytes:
     """CLOSE_WEBTRANSPORT_SESSION capsule: 32-bit code then the UTF-8 reason."""
     msg = reason.encode("utf-8")[:MAX_CLOSE_REASON]
@@ -61,13 +83,11 @@ class CapsuleParser:
         self._buf += data
         out: list[tuple[int, bytes]] = []
         while self._buf:
-            buf = Buffer(data=self._buf)
-            try:
-                ctype = buf.pull_uint_var()
-                length = buf.pull_uint_var()
-            except BufferReadError:
+            head = pull_uint_var(self._buf, 0)
+            head2 = head and pull_uint_var(self._buf, head[1])
+            if not head or not head2:
                 break
-            start = buf.tell()
+            ctype, (length, start) = head[0], head2
             if len(self._buf) - start < length:
                 break
             out.append((ctype, self._buf[start:start + length]))

@@ -1,13 +1,20 @@
-"""Bounded memory: a writer facing a reader that does not read must block, not buffer."""
+"""Bounded memory: a reader that does not read never buffers more than its windows.
+
+On aioquic the writer blocks (credit follows reads); on qh3, whose core returns credit as it
+delivers, the over-full stream is stopped with EXCESSIVE_LOAD (docs/transport.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 
+import pytest
+from backends import credit_follows_reads
 from conftest import w
 
-from relay.transport import QuicSettings, SendStream
+from relay.transport import QuicSettings, SendStream, StreamStopped
+from relay.transport.config import RECEIVE_OVERFLOW_CODE
+from relay.transport.errors import ReceiveBufferFull
 
 KiB = 1024
 WINDOW = 64 * KiB
@@ -40,6 +47,16 @@ async def test_writer_blocks_on_a_reader_that_does_not_read(make_harness: object
     progress = [0]
     task = asyncio.ensure_future(_writer(send, payload, progress))
     inc = await w(server.accept())
+    if not credit_follows_reads():
+        # qh3: the stream is stopped once it holds a window's worth unread
+        with pytest.raises(StreamStopped) as stopped:
+            await w(task)
+        assert stopped.value.code == RECEIVE_OVERFLOW_CODE
+        assert inc.recv.buffered == 0 and server._ep._view.unread_total == 0
+        with pytest.raises(ReceiveBufferFull):
+            await w(inc.recv.read_all())
+        await w(client.aclose())
+        return
     assert await _is_blocked(task)
     # receiver buffers at most its stream window; sender holds at most high water
     # (+ one write) unsent, plus what is in flight (bounded by the peer's window)
@@ -66,6 +83,15 @@ async def test_connection_window_bounds_unread_streams(make_harness: object,
     incs = []
     while len(incs) < 4:  # at least the window's worth of streams shows up
         incs.append(await w(server.accept()))
+    if not credit_follows_reads():
+        # qh3: streams beyond the connection window are stopped, the rest stay within it
+        outcomes = await w(asyncio.gather(*tasks, return_exceptions=True), 30)
+        stopped = [o for o in outcomes if isinstance(o, StreamStopped)]
+        assert stopped and all(o.code == RECEIVE_OVERFLOW_CODE for o in stopped)
+        assert server._ep._view.unread_total <= 4 * WINDOW
+        assert all(i.recv.buffered <= WINDOW for i in incs)
+        await w(client.aclose())
+        return
     assert await _is_blocked(asyncio.ensure_future(asyncio.gather(*tasks)))
     assert sum(i.recv.buffered for i in incs) + sum(
         i.recv.buffered for i in server._incoming) <= 4 * WINDOW
@@ -92,11 +118,15 @@ async def test_unread_data_is_released_by_stop_sending(make_harness: object,
     stuck = await w(client.open_uni())
     task = asyncio.ensure_future(_writer(stuck, os.urandom(1024 * KiB), [0]))
     inc = await w(server.accept())
-    assert await _is_blocked(task)
-    inc.recv.stop_sending(0x1)
-    assert await w(stuck.wait_stopped()) == 0x1
+    if credit_follows_reads():
+        assert await _is_blocked(task)
+        inc.recv.stop_sending(0x1)
+        code = 0x1
+    else:
+        code = RECEIVE_OVERFLOW_CODE  # qh3: the overflow stopped it already
+    assert await w(stuck.wait_stopped()) == code
     task.cancel()
-    assert server._ep._quic.kv_unread_total == 0  # receive window given back
+    assert server._ep._view.unread_total == 0  # receive window given back
     assert client._conn_unsent() < CHUNK  # the reset stream's queue is not counted
     # the session still moves data afterwards
     s = await w(client.open_uni())

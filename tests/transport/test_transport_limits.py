@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from backends import credit_follows_reads
 from conftest import w
 
 from relay.transport import QuicSettings
@@ -13,10 +14,14 @@ LIMITS = QuicSettings(max_datagram_size=8952, max_streams_bidi=8, max_streams_un
                       connect_timeout=5.0)
 
 
-async def test_unaccepted_streams_hold_their_credit(make_harness: object,
-                                                    transport: str) -> None:
+async def test_unaccepted_streams_hold_their_credit(make_harness: object, transport: str,
+                                                    request: pytest.FixtureRequest) -> None:
     """FIN-only streams the application has not accepted still count against the
     peer's stream limit, so opening more waits instead of piling up."""
+    if not credit_follows_reads():
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason="qh3 returns a stream's credit when it closes, accepted or "
+            "not (docs/transport.md)"))
     h = await make_harness(LIMITS)  # type: ignore[operator]
     client, server = await h.pair(transport, LIMITS)
     n = 40

@@ -22,6 +22,7 @@ from relay.transport import (
     ensure_self_signed,
     fingerprint,
 )
+from relay.transport.backend import get_backend
 
 
 @pytest.mark.parametrize("closer", ["client", "server"])
@@ -153,10 +154,13 @@ def test_settings_validation() -> None:
         QuicSettings(max_datagram_size=60000)  # aioquic cannot encode >16383-byte frames
     with pytest.raises(ValueError):
         QuicSettings(max_datagram_size=1000)
-    cfg = QuicSettings(max_datagram_size=8952).quic_configuration(is_client=False,
-                                                                    alpn=["moqt-22"])
-    assert cfg.max_datagram_frame_size == 65536
-    assert cfg.max_datagram_size == 8952
+    with pytest.raises(ValueError):
+        QuicSettings(backend="picoquic")
+    for name in ("aioquic", "qh3"):
+        cfg = get_backend(name).configuration(QuicSettings(max_datagram_size=8952), False,
+                                              ["moqt-22"])
+        assert cfg.max_datagram_frame_size == 65536
+        assert cfg.max_datagram_size == 8952
 
 
 async def test_bad_scheme() -> None:

@@ -1,0 +1,250 @@
+"""The aioquic backend, with receive credit tied to what the application has read.
+
+aioquic grants flow-control credit eagerly: it doubles a stream's MAX_STREAM_DATA (and
+the connection's MAX_DATA) whenever the peer has *sent* half of it, whether or not
+anyone read the data. A consumer that stops reading therefore buffers without bound.
+Here credit is granted only for bytes the application has taken out of
+:class:`~relay.transport.streams.RecvStream` buffers: a stream's limit is
+``consumed + window`` and the connection's is ``received - unread + window``. Both are
+raised in half-window steps so updates are batched.
+
+aioquic has no public hook for any of this, so this module is the one place that reaches
+into its privates: the two overridden methods (``_write_stream_limits``,
+``_write_connection_limits``) and the fields read in :class:`AioquicView`. Each is named
+in ``tests/transport/test_transport_backend.py``, which fails loudly if aioquic renames one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aioquic.asyncio.server import QuicServer
+from aioquic.h3 import events as h3_events
+from aioquic.h3.connection import H3Connection
+from aioquic.quic import events
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet import QuicFrameType
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.stream import QuicStream
+
+from .backend import QuicBackend
+from .config import QuicSettings
+
+# one frame type byte plus two varints (stream id, maximum)
+_MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * 8
+
+# The private aioquic members this module depends on (checked by a test).
+PRIVATE_MEMBERS = {
+    QuicConnection: ("_write_stream_limits", "_write_connection_limits", "_streams",
+                     "_local_max_data", "_local_max_streams_bidi", "_local_max_streams_uni",
+                     "_remote_max_streams_bidi", "_remote_max_streams_uni",
+                     "_remote_max_data_used", "_remote_max_datagram_frame_size",
+                     "_close_event", "_loss"),
+    H3Connection: ("_stream",),
+}
+
+
+class CreditedQuicConnection(QuicConnection):
+    """QuicConnection whose receive windows follow application reads (see module doc)."""
+
+    # Set by AioquicView; class-level defaults keep a bare instance usable.
+    credit_unread: dict[int, int]
+    credit_unaccepted: list[int]  # peer streams not yet accept()ed: [bidi, uni]
+    credit_unread_total: int = 0
+    credit_stream_window: int = 1 << 20
+    credit_conn_window: int = 1 << 24
+
+    def _write_stream_limits(self, builder: QuicPacketBuilder, space: object,
+                             stream: QuicStream) -> None:
+        # Called for every stream for every packet built: keep it lean.
+        local = stream.max_stream_data_local
+        if not local:
+            return  # our own unidirectional stream: nothing to grant
+        if not stream.receiver.is_finished:
+            window = self.credit_stream_window
+            target = (stream.receiver.starting_offset()
+                      - self.credit_unread.get(stream.stream_id, 0) + window)
+            if target - local >= window >> 1:
+                stream.max_stream_data_local = local = target
+        if stream.max_stream_data_local_sent != local:
+            buf = builder.start_frame(
+                QuicFrameType.MAX_STREAM_DATA,
+                capacity=_MAX_STREAM_DATA_FRAME_CAPACITY,
+                handler=self._on_max_stream_data_delivery,
+                handler_args=(stream,),
+            )
+            buf.push_uint_var(stream.stream_id)
+            buf.push_uint_var(local)
+            stream.max_stream_data_local_sent = local
+
+    def _write_connection_limits(self, builder: QuicPacketBuilder, space: object) -> None:
+        lim = self._local_max_data
+        target = lim.used - self.credit_unread_total + self.credit_conn_window
+        if target - lim.value >= self.credit_conn_window >> 1:
+            lim.value = target
+        # aioquic doubles MAX_DATA when used*2 > value; hide `used` so it cannot, and let
+        # it handle sending MAX_DATA / MAX_STREAMS as usual.
+        used, lim.used = lim.used, 0
+        # aioquic returns a stream credit as soon as a peer stream finishes, even if the
+        # application never accepted it; hide one credit per unaccepted stream so a peer
+        # cannot pile up FIN-only streams faster than they are accepted. (Conservative:
+        # an unaccepted stream that is still open is counted twice.) The limit we
+        # enforce stays aioquic's, which is never below what we announced.
+        hide_b, hide_u = self.credit_unaccepted
+        if not (hide_b or hide_u):  # the common case, once per packet: keep it cheap
+            try:
+                super()._write_connection_limits(builder, space)  # type: ignore[arg-type]
+            finally:
+                lim.used = used
+            return
+        bidi, uni = self._local_max_streams_bidi, self._local_max_streams_uni
+        vb, vu = bidi.value, uni.value
+        bidi.value = max(bidi.sent, vb - hide_b)
+        uni.value = max(uni.sent, vu - hide_u)
+        try:
+            super()._write_connection_limits(builder, space)  # type: ignore[arg-type]
+        finally:
+            lim.used = used
+            bidi.value, uni.value = vb, vu
+
+
+class AioquicView:
+    """aioquic's answers for the endpoint (see :class:`~relay.transport.backend.QuicView`)."""
+
+    __slots__ = ("_q", "_queued")
+    credit_follows_reads = True
+
+    def __init__(self, quic: QuicConnection, settings: QuicSettings) -> None:
+        # Must run before the handshake so the stream limits go out in the transport
+        # parameters. aioquic's server constructs QuicConnection itself, hence adoption by
+        # class swap rather than construction (the subclass adds no ``__init__`` state).
+        quic.__class__ = CreditedQuicConnection
+        q: CreditedQuicConnection = quic  # type: ignore[assignment]
+        q.credit_unread = {}
+        q.credit_unaccepted = [0, 0]
+        q.credit_unread_total = 0
+        q.credit_stream_window = settings.max_stream_data
+        q.credit_conn_window = settings.max_data
+        # aioquic hard-codes 128/128 initial stream limits; it returns one credit per
+        # closed peer stream afterwards (RFC 9000 4.6), so these are concurrency limits.
+        for lim, value in ((q._local_max_streams_bidi, settings.max_streams_bidi),
+                           (q._local_max_streams_uni, settings.max_streams_uni)):
+            lim.value = lim.sent = value
+        self._q = q
+        self._queued = 0  # application bytes handed to aioquic (for the connection HWM)
+
+    def unsent(self, stream_id: int) -> int:
+        stream = self._q._streams.get(stream_id)
+        if stream is None:
+            return 0
+        sender = stream.sender
+        return sender._buffer_stop - sender.highest_offset
+
+    def unsent_total(self) -> int:
+        return self._queued - self._q._remote_max_data_used
+
+    def note_queued(self, n: int) -> None:
+        self._queued += n
+
+    def note_stream_header(self, stream_id: int) -> None:
+        self._queued += self._q._streams[stream_id].sender._buffer_stop
+
+    def forget_unsent(self, stream_id: int, *, reset_by_peer: bool = False) -> None:
+        # reset_by_peer: aioquic already reset the stream in answer to STOP_SENDING, which
+        # otherwise marks it as accounted for.
+        stream = self._q._streams.get(stream_id)
+        if stream is not None and (reset_by_peer or stream.sender._reset_error_code is None):
+            self._queued -= stream.sender._buffer_stop - stream.sender.highest_offset
+
+    def drained(self) -> bool:
+        q = self._q
+        return (self.unsent_total() <= 0 and q._loss.bytes_in_flight == 0
+                and all(s.sender.buffer_is_empty for s in q._streams.values()))
+
+    def can_open(self, stream_id: int) -> bool:
+        q = self._q
+        limit = q._remote_max_streams_uni if stream_id & 2 else q._remote_max_streams_bidi
+        return stream_id // 4 < limit
+
+    def peer_address(self) -> Any:
+        return self._q.get_peer_address()
+
+    def peer_max_datagram_frame_size(self) -> int | None:
+        return self._q._remote_max_datagram_frame_size
+
+    def peer_close(self) -> Any:
+        # aioquic reports a peer's CONNECTION_CLOSE only after its draining period.
+        return self._q._close_event
+
+    def stream_arrived(self, uni: bool) -> None:
+        self._q.credit_unaccepted[uni] += 1
+
+    def stream_accepted(self, uni: bool) -> None:
+        self._q.credit_unaccepted[uni] -= 1
+
+    def buffered(self, stream_id: int, n: int) -> bool:
+        q = self._q
+        q.credit_unread[stream_id] = q.credit_unread.get(stream_id, 0) + n
+        q.credit_unread_total += n
+        return False  # QUIC flow control itself keeps the peer within our windows
+
+    def consumed(self, stream_id: int, n: int) -> bool:
+        q = self._q
+        left = q.credit_unread[stream_id] - n
+        if left:
+            q.credit_unread[stream_id] = left
+        else:
+            del q.credit_unread[stream_id]
+        q.credit_unread_total -= n
+        stream = q._streams.get(stream_id)
+        if stream is not None and not stream.receiver.is_finished:
+            target = stream.receiver.starting_offset() - left + q.credit_stream_window
+            if target - stream.max_stream_data_local >= q.credit_stream_window >> 1:
+                return True
+        lim = q._local_max_data
+        return (lim.used - q.credit_unread_total + q.credit_conn_window - lim.value
+                >= q.credit_conn_window >> 1)
+
+    @property
+    def unread_total(self) -> int:
+        return self._q.credit_unread_total
+
+
+def _configuration(settings: QuicSettings, is_client: bool, alpn: list[str]
+                   ) -> QuicConfiguration:
+    return QuicConfiguration(
+        alpn_protocols=list(alpn),
+        is_client=is_client,
+        idle_timeout=settings.idle_timeout,
+        max_datagram_size=settings.max_datagram_size,
+        max_datagram_frame_size=settings.max_datagram_frame_size,
+        max_data=settings.max_data,
+        max_stream_data=settings.max_stream_data,
+        congestion_control_algorithm=settings.congestion_control,
+    )
+
+
+class _NeverRaised(Exception):
+    """aioquic's datagrams_to_send raises nothing the endpoint should survive."""
+
+
+def _forget_h3_stream(h3: H3Connection, stream_id: int) -> None:
+    h3._stream.pop(stream_id, None)
+
+
+BACKEND = QuicBackend(
+    name="aioquic",
+    configuration=_configuration,
+    connection=lambda config: QuicConnection(configuration=config),
+    server=lambda config, create_protocol: QuicServer(configuration=config,
+                                                      create_protocol=create_protocol),
+    h3=lambda quic: H3Connection(quic, enable_webtransport=True),
+    view=AioquicView,
+    events=events,
+    h3_events=h3_events,
+    forget_h3_stream=_forget_h3_stream,
+    h3_knows_stream=lambda h3, sid: sid in h3._stream,
+    transmit_error=_NeverRaised,
+    trust=lambda config, ca_file: config.load_verify_locations(cafile=ca_file),
+)

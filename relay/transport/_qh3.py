@@ -1,0 +1,165 @@
+"""The qh3 backend: aioquic's API shape over a native QUIC core (the ``fast`` extra).
+
+qh3's ``QuicConnection`` is a facade over ``QuicConnectionCore``: packet protection,
+recovery and flow control run natively, and only public calls are needed for sending
+(``get_send_buffer_size`` tells what is still unsent). Two things differ from aioquic and
+are handled here, each written down in ``docs/transport.md``:
+
+* Receive credit: the core returns flow-control credit as soon as it hands data to the
+  application, whether or not it was read; there is no hook to withhold it. So a stalled
+  reader is bounded here instead: once a stream holds more unread bytes than its window
+  (``max_stream_data``), or the connection more than ``max_data``, the stream is stopped
+  (STOP_SENDING, EXCESSIVE_LOAD) and its buffer dropped. Same memory bound, different
+  remedy: with aioquic the peer is slowed, with qh3 the over-full stream ends.
+* Stream concurrency: the core announces fixed peer stream limits (100 bidirectional,
+  103 unidirectional) and returns credit as streams close; ``max_streams_*`` do not apply.
+
+The few private members read (``_core``, ``_remote_addr``, ``_close_event``,
+``_remote_max_datagram_frame_size``, ``H3Connection._stream``) are listed in
+``PRIVATE_MEMBERS`` and checked by ``tests/transport/test_transport_backend.py``.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from qh3.asyncio.server import QuicServer
+from qh3.h3 import events as h3_events
+from qh3.h3.connection import H3Connection
+from qh3.quic import events
+from qh3.quic.configuration import QuicConfiguration
+from qh3.quic.connection import QuicConnection, QuicConnectionError
+
+from .backend import QuicBackend
+from .config import QuicSettings
+from .tls import pinned_self_signed
+
+PRIVATE_MEMBERS_INSTANCE = ("_core", "_remote_addr", "_close_event",
+                            "_remote_max_datagram_frame_size")
+PRIVATE_MEMBERS_H3 = ("_stream",)
+
+
+class Qh3View:
+    """qh3's answers for the endpoint (see :class:`~relay.transport.backend.QuicView`)."""
+
+    __slots__ = ("_conn_window", "_q", "_stream_window", "_unread", "_unread_total")
+    credit_follows_reads = False
+
+    def __init__(self, quic: QuicConnection, settings: QuicSettings) -> None:
+        self._q = quic
+        self._stream_window = settings.max_stream_data
+        self._conn_window = settings.max_data
+        self._unread: dict[int, int] = {}
+        self._unread_total = 0
+
+    def unsent(self, stream_id: int) -> int:
+        return self._q.get_send_buffer_size(stream_id)
+
+    def unsent_total(self) -> int:
+        return self._q.get_send_buffer_size()
+
+    def note_queued(self, n: int) -> None:
+        pass  # the core counts its own queue
+
+    def note_stream_header(self, stream_id: int) -> None:
+        pass
+
+    def forget_unsent(self, stream_id: int, *, reset_by_peer: bool = False) -> None:
+        pass  # a reset stream reports zero unsent bytes
+
+    def drained(self) -> bool:
+        q = self._q
+        core = q._core
+        return (q.get_send_buffer_size() == 0
+                and (core is None or core.bytes_in_flight == 0))
+
+    def can_open(self, stream_id: int) -> bool:
+        core = self._q._core
+        if core is None:
+            return True
+        # (bidi, uni) streams the peer allows us, as stream counts
+        limit = core.stream_limits[1 if stream_id & 2 else 0]
+        return stream_id // 4 < limit
+
+    def peer_address(self) -> Any:
+        return self._q._remote_addr
+
+    def peer_max_datagram_frame_size(self) -> int | None:
+        return self._q._remote_max_datagram_frame_size
+
+    def peer_close(self) -> Any:
+        return self._q._close_event
+
+    def stream_arrived(self, uni: bool) -> None:
+        pass
+
+    def stream_accepted(self, uni: bool) -> None:
+        pass
+
+    def buffered(self, stream_id: int, n: int) -> bool:
+        left = self._unread.get(stream_id, 0) + n
+        self._unread[stream_id] = left
+        self._unread_total += n
+        return left > self._stream_window or self._unread_total > self._conn_window
+
+    def consumed(self, stream_id: int, n: int) -> bool:
+        left = self._unread[stream_id] - n
+        if left:
+            self._unread[stream_id] = left
+        else:
+            del self._unread[stream_id]
+        self._unread_total -= n
+        return False
+
+    @property
+    def unread_total(self) -> int:
+        return self._unread_total
+
+
+def _configuration(settings: QuicSettings, is_client: bool, alpn: list[str]
+                   ) -> QuicConfiguration:
+    return QuicConfiguration(
+        alpn_protocols=list(alpn),
+        is_client=is_client,
+        idle_timeout=settings.idle_timeout,
+        max_datagram_size=settings.max_datagram_size,
+        max_datagram_frame_size=settings.max_datagram_frame_size,
+        max_data=settings.max_data,
+        max_stream_data=settings.max_stream_data,
+    )
+
+
+def _trust(config: QuicConfiguration, ca_file: str) -> None:
+    """qh3 takes only CA certificates as trust anchors, so a CA file holding one
+    self-signed server certificate (what ``kvcs relay`` makes by default) is pinned by its
+    SHA-256 instead: the server must present exactly that certificate. (aioquic accepts
+    such a file as an anchor and also checks host name and validity; a pin is an exact
+    match, so neither adds anything.)"""
+    pinned = pinned_self_signed(ca_file)
+    if pinned is None:
+        config.load_verify_locations(cafile=ca_file)
+    else:
+        config.verify_mode = ssl.CERT_NONE
+        config.assert_fingerprint = pinned
+
+
+def _forget_h3_stream(h3: H3Connection, stream_id: int) -> None:
+    h3._stream.pop(stream_id, None)
+
+
+BACKEND = QuicBackend(
+    name="qh3",
+    configuration=_configuration,
+    connection=lambda config: QuicConnection(configuration=config),
+    server=lambda config, create_protocol: QuicServer(configuration=config,
+                                                      create_protocol=create_protocol),
+    h3=lambda quic: H3Connection(quic, enable_webtransport=True),
+    view=Qh3View,
+    events=events,
+    h3_events=h3_events,
+    forget_h3_stream=_forget_h3_stream,
+    h3_knows_stream=lambda h3, sid: sid in h3._stream,
+    transmit_error=QuicConnectionError,
+    trust=_trust,
+)

@@ -1,0 +1,157 @@
+"""The QUIC library under the transport: aioquic (the default) or qh3 (the ``fast`` extra).
+
+Both libraries have the same shape (a sans-IO ``QuicConnection`` fed datagrams and a clock,
+an ``H3Connection`` with WebTransport, a ``QuicServer`` demultiplexing by connection ID),
+so the endpoint drives either through the public calls they share. What differs lives
+behind :class:`QuicView`, one small object per connection: how many bytes are still
+unsent, whether everything was acknowledged, the peer's stream limit, and receive credit.
+
+Receive credit is where the two differ in kind (see ``docs/transport.md``): aioquic's
+credit is raised only as the application reads (``_aioquic.py``), so a stalled reader
+holds the peer back; qh3's native core grants credit when it hands data over, so a
+stalled reader is bounded by stopping the stream instead (``_qh3.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .errors import TransportError
+
+BACKENDS = ("aioquic", "qh3")
+DEFAULT_BACKEND = "aioquic"
+_EXTRA = {"qh3": "fast"}
+
+
+class BackendUnavailable(TransportError):
+    """The requested QUIC backend is not installed."""
+
+
+class QuicView(Protocol):
+    """Per-connection answers the endpoint needs beyond the libraries' shared calls."""
+
+    def unsent(self, stream_id: int) -> int:
+        """Bytes written to ``stream_id`` and not yet sent."""
+
+    def unsent_total(self) -> int:
+        """Bytes written to any stream and not yet sent."""
+
+    def note_queued(self, n: int) -> None:
+        """``n`` application bytes were handed to the library."""
+
+    def note_stream_header(self, stream_id: int) -> None:
+        """The library queued a header on a new stream (WebTransport) by itself."""
+
+    def forget_unsent(self, stream_id: int, *, reset_by_peer: bool = False) -> None:
+        """A stream was reset: its unsent bytes will never be sent."""
+
+    def drained(self) -> bool:
+        """Everything written was sent and acknowledged."""
+
+    def can_open(self, stream_id: int) -> bool:
+        """The peer's stream limit admits ``stream_id``."""
+
+    def peer_address(self) -> Any:
+        """The peer's current UDP address."""
+
+    def peer_max_datagram_frame_size(self) -> int | None:
+        """The peer's max_datagram_frame_size transport parameter."""
+
+    def peer_close(self) -> Any:
+        """The peer's CONNECTION_CLOSE as a ConnectionTerminated, before draining ends."""
+
+    def stream_arrived(self, uni: bool) -> None:
+        """A peer stream was surfaced but not yet accepted."""
+
+    def stream_accepted(self, uni: bool) -> None:
+        """The application accepted a peer stream."""
+
+    def buffered(self, stream_id: int, n: int) -> bool:
+        """``n`` received bytes wait in the application's buffer; True if that exceeds
+        the receive bound, so the stream must be stopped."""
+
+    def consumed(self, stream_id: int, n: int) -> bool:
+        """The application took ``n`` bytes; True if a credit update should be sent."""
+
+    @property
+    def unread_total(self) -> int:
+        """Received bytes not yet read by the application, over all streams."""
+
+    @property
+    def credit_follows_reads(self) -> bool:
+        """True if receive credit is returned only as the application reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuicBackend:
+    """One QUIC library, as the endpoint uses it."""
+
+    name: str
+    configuration: Callable[..., Any]
+    """(settings, is_client, alpn) -> the library's QuicConfiguration."""
+    connection: Callable[..., Any]
+    """(configuration) -> a client QuicConnection."""
+    server: Callable[..., Any]
+    """(configuration, create_protocol) -> an asyncio DatagramProtocol (the QuicServer)."""
+    h3: Callable[[Any], Any]
+    """(quic) -> an H3Connection with WebTransport enabled."""
+    view: Callable[[Any, Any], QuicView]
+    """(quic, settings) -> the connection's QuicView; called before the handshake."""
+    events: Any
+    """The library's ``quic.events`` module."""
+    h3_events: Any
+    """The library's ``h3.events`` module."""
+    forget_h3_stream: Callable[[Any, int], None]
+    """Make the H3Connection forget a stream the endpoint routes itself."""
+    h3_knows_stream: Callable[[Any, int], bool]
+    transmit_error: type[Exception]
+    """What ``datagrams_to_send`` may raise and the endpoint survives."""
+    trust: Callable[[Any, str], None]
+    """(client configuration, CA file) -> verify the server against that file."""
+
+
+_defaults = {"server": DEFAULT_BACKEND, "client": DEFAULT_BACKEND}
+
+
+def set_default_backend(*, server: str | None = None, client: str | None = None) -> None:
+    """The backend used where :class:`QuicSettings` names none (``backend=None``), per
+    role; lets one process (a test run, an embedding program) switch wholesale."""
+    for role, name in (("server", server), ("client", client)):
+        if name is not None:
+            if name not in BACKENDS:
+                raise ValueError(f"unknown QUIC backend {name!r}")
+            _defaults[role] = name
+
+
+def default_backend(role: str) -> str:
+    """The backend for ``role`` ("server" or "client") when settings name none."""
+    return _defaults[role]
+
+
+def get_backend(name: str = DEFAULT_BACKEND) -> QuicBackend:
+    """The backend called ``name``; :class:`BackendUnavailable` if it is not installed."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown QUIC backend {name!r} (choose from {', '.join(BACKENDS)})")
+    try:
+        module = importlib.import_module(f"relay.transport._{name}")
+    except ImportError as e:
+        extra = _EXTRA.get(name)
+        hint = f" (pip install 'kvcs-relay[{extra}]')" if extra else ""
+        raise BackendUnavailable(f"QUIC backend {name!r} is not installed{hint}: {e}") from None
+    backend: QuicBackend = module.BACKEND
+    return backend
+
+
+def available_backends() -> list[str]:
+    """The backends that can be loaded here, default first."""
+    out = []
+    for name in BACKENDS:
+        try:
+            get_backend(name)
+        except BackendUnavailable:
+            continue
+        out.append(name)
+    return out

@@ -78,6 +78,13 @@ def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
     if print_config:
         click.echo(render(settings), nl=False)
         return
+    from relay.transport.backend import BackendUnavailable, get_backend
+
+    try:
+        get_backend(settings.quic_backend)
+    except BackendUnavailable as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
     logs.setup(settings.log_level, settings.log_format,
                secrets=[t["token"] for t in settings.auth_tokens])
     from relay.service import run_forever

@@ -145,6 +145,9 @@ KEYS: tuple[Key, ...] = (
         "from LMDB (unset: never).", ""),
     Key("max_datagram_size", _int, 1200, "UDP payload size; raise to the path MTU (e.g. "
         "8952) on jumbo-frame paths.", "1200"),
+    Key("quic_backend", _choice("aioquic", "qh3"), "aioquic", "QUIC library: aioquic, or "
+        "qh3 (the fast extra: a native QUIC core, several times the throughput per core); "
+        "see docs/transport.md.", "aioquic"),
     Key("max_backlog_bytes", _int, 256 << 20, "Bytes queued for one subscriber beyond which "
         "its subscription ends as too far behind.", str(256 << 20)),
     Key("fill_timeout", _positive_float, 5.0, "Seconds a fill or FETCH waits for unknown "
@@ -193,7 +196,7 @@ class Settings:
             key=v["key"], upstream=list(v["upstream"]), upstream_ca=v["upstream_ca"],
             upstream_insecure=v["upstream_insecure"], memory_bytes=v["memory_bytes"],
             lmdb_bytes=v["lmdb_bytes"], lmdb_max_age=v["lmdb_max_age"],
-            max_datagram_size=v["max_datagram_size"],
+            max_datagram_size=v["max_datagram_size"], quic_backend=v["quic_backend"],
             options=RelayOptions(max_backlog_bytes=v["max_backlog_bytes"],
                                  default_fill_timeout=v["fill_timeout"]),
             auth_tokens=[dict(t) for t in self.auth_tokens],

@@ -42,6 +42,9 @@ class RelayConfig:
     lmdb_bytes: int = 8 << 30
     lmdb_max_age: float | None = None
     max_datagram_size: int = 1200
+    # "aioquic" or "qh3"; None: the process default (relay.transport.backend), which tests
+    # switch to run the relay on either backend
+    quic_backend: str | None = None
     send_buffer_bytes: int = 1 << 20
     wt_path: str = "/moq"
     options: RelayOptions = field(default_factory=RelayOptions)
@@ -159,6 +162,7 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
     # Small send buffers: Objects waiting for a slow subscriber wait in the relay's
     # scheduler (in priority order, counted against its backlog bound), not in QUIC's queue.
     settings = QuicSettings(max_datagram_size=config.max_datagram_size,
+                            backend=config.quic_backend,
                             send_buffer_high=config.send_buffer_bytes // 2,
                             connection_send_buffer_high=config.send_buffer_bytes)
     authorizer = Authorizer.from_config(config.auth_tokens)

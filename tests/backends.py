@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import pytest
-
 from relay.transport.backend import default_backend, set_default_backend
 
 SAME = {"aioquic": ("aioquic", "aioquic"), "qh3": ("qh3", "qh3")}
@@ -32,15 +30,3 @@ def use_backends(server: str, client: str) -> Iterator[None]:
         yield
     finally:
         set_default_backend(server=saved[0], client=saved[1])
-
-
-def backend_fixture(pairs: dict[str, tuple[str, str]]):  # type: ignore[no-untyped-def]
-    """An autouse fixture running every test of a conftest's folder once per pair."""
-
-    @pytest.fixture(autouse=True, params=list(pairs))
-    def quic_backends(request: pytest.FixtureRequest) -> Iterator[str]:
-        server, client = pairs[request.param]
-        for _ in use_backends(server, client):
-            yield request.param
-
-    return quic_backends

@@ -22,6 +22,13 @@ from relay.kvcs.registry import Codec, Component
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
 from relay.session.errors import SessionFailure
 from relay.transport import TransportError
+from relay.transport.backend import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    BackendUnavailable,
+    get_backend,
+    set_default_backend,
+)
 
 from .connect import RelayAccess
 from .errors import EXIT_ERROR, PeerError
@@ -73,7 +80,25 @@ def _access(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
     return RelayAccess(tuple(relay), ca_file=ca, insecure=insecure, timeout=connect_ms / 1000)
 
 
+def _with_quic_backend(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Take --quic-backend off the command's arguments and make it the process's client
+    backend (every session of a peer command is a client)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, quic_backend: str, **kwargs: Any) -> Any:
+        try:
+            get_backend(quic_backend)
+        except BackendUnavailable as e:
+            _fail(str(e), 2)
+        set_default_backend(client=quic_backend)
+        return fn(*args, **kwargs)
+    return wrapper
+
+
 def relay_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = _with_quic_backend(fn)
+    fn = click.option("--quic-backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
+                      show_default=True, envvar="KVCS_QUIC_BACKEND",
+                      help="QUIC library: aioquic, or qh3 (the fast extra).")(fn)
     fn = click.option("--connect-ms", type=float, default=10000, show_default=True,
                       help="Give up on a relay that has not completed SETUP by then.")(fn)
     fn = click.option("--insecure", is_flag=True,

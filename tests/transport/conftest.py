@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from backends import ALL, backend_fixture
 
 from relay.transport import (
     CertificatePaths,
@@ -21,8 +20,6 @@ from relay.transport import (
 )
 
 T = TypeVar("T")
-
-quic_backends = backend_fixture(ALL)
 
 TIMEOUT = 10.0
 SETTINGS = QuicSettings(max_datagram_size=8952, idle_timeout=15.0, connect_timeout=5.0)

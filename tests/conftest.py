@@ -1,0 +1,44 @@
+"""Suite-wide: the QUIC backend matrix (tests/backends.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from backends import ALL, SAME, use_backends
+
+# Folders whose every test runs once per backend pair (server side, client side). Mixed
+# pairs where the transport, the session and the relay core meet the other library.
+_SUITES = {"transport": ALL, "session": ALL, "core": ALL, "ops": SAME, "interop": SAME,
+           "e2e": SAME}
+
+
+def _pairs(path: Path) -> dict[str, tuple[str, str]] | None:
+    parts = path.parts
+    if "tests" not in parts:
+        return None
+    rel = parts[parts.index("tests") + 1:]
+    return _SUITES.get(rel[0]) if len(rel) > 1 else None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    pairs = _pairs(metafunc.definition.path)
+    if pairs and "quic_backends" in metafunc.fixturenames:
+        metafunc.parametrize("quic_backends", list(pairs), indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def quic_backends(request: pytest.FixtureRequest,
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[str | None]:
+    """In-process relays and clients use the pair's backends; relay and peer processes
+    started by a test inherit them through the environment."""
+    name = getattr(request, "param", None)
+    if name is None:
+        yield None
+        return
+    server, client = ALL[name]
+    monkeypatch.setenv("KVCS_RELAY_QUIC_BACKEND", server)
+    monkeypatch.setenv("KVCS_QUIC_BACKEND", client)
+    for _ in use_backends(server, client):
+        yield name

@@ -157,6 +157,8 @@ KEYS: tuple[Key, ...] = (
         "\"pid\"} as JSON to this file (for supervisors and tests).", ""),
     Key("tokens_file", _opt_path, None, "A TOML file holding only [[auth.tokens]] (e.g. a "
         "mounted Kubernetes Secret); added to the tokens of the config file.", ""),
+    Key("admin_token_file", _opt_path, None, "File holding the bearer token of the admin API "
+        "(/admin/ on the metrics listener); unset: the admin API is off.", ""),
     Key("log_level", _log_level, "INFO", "DEBUG, INFO, WARNING or ERROR.", "INFO"),
     Key("log_format", _choice("text", "json"), "text", "text (one line per event) or json "
         "(one object per line).", "text"),
@@ -174,6 +176,7 @@ class Settings:
     sources: dict[str, str]
     auth_tokens: list[dict[str, Any]] = field(default_factory=list)
     config_file: Path | None = None
+    admin_token: str | None = None  # read from admin_token_file; a secret, never rendered
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -188,7 +191,7 @@ class Settings:
 
         v = self.values
         host, port = v["listen"]
-        return RelayConfig(
+        cfg = RelayConfig(
             listen_host=host, listen_port=port, data_dir=v["data_dir"], cert=v["cert"],
             key=v["key"], upstream=list(v["upstream"]), upstream_ca=v["upstream_ca"],
             upstream_insecure=v["upstream_insecure"], memory_bytes=v["memory_bytes"],
@@ -199,6 +202,8 @@ class Settings:
             auth_tokens=[dict(t) for t in self.auth_tokens],
             metrics_listen=v["metrics_listen"], drain_timeout=v["drain_timeout"],
             ready_file=v["ready_file"])
+        cfg.admin_token = self.admin_token
+        return cfg
 
 
 def _parse(key: Key, raw: Any, source: str) -> Any:
@@ -289,13 +294,31 @@ def load(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
         if set(extra) - {"auth"}:
             raise ConfigError(f"{where}: a tokens file holds only [[auth.tokens]]")
         tokens += _auth_tokens(extra.get("auth", {}), where)
+    admin_token = _admin_token(values["admin_token_file"], sources["admin_token_file"])
     if (values["cert"] is None) != (values["key"] is None):
         raise ConfigError("cert and key go together (give both or neither)")
     for name in ("cert", "key", "upstream_ca"):
         p = values[name]
         if p is not None and not Path(p).is_file():
             raise ConfigError(f"{name} ({sources[name]}): {p} is not a file")
-    return Settings(values, sources, tokens, config_file)
+    settings = Settings(values, sources, tokens, config_file)
+    settings.admin_token = admin_token
+    return settings
+
+
+def _admin_token(path: Path | None, source: str) -> str | None:
+    """The admin API's token: the file's text, surrounding whitespace removed."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"admin_token_file ({source}): cannot read {path}: "
+                          f"{getattr(e, 'strerror', None) or e}") from None
+    if len(token) < 16 or any(c.isspace() for c in token):
+        raise ConfigError(f"admin_token_file ({source}): {path} must hold one token of at "
+                          "least 16 characters")
+    return token
 
 
 def _show(v: Any) -> str:

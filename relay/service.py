@@ -15,6 +15,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relay.admin import AdminApi
 from relay.core.auth import Authorizer
 from relay.core.relay import Relay, RelayOptions
 from relay.core.upstream import UpstreamLink
@@ -52,6 +53,8 @@ class RelayConfig:
     # After SIGTERM/SIGINT and GOAWAY: how long fills, FETCHes and LMDB commits may finish.
     drain_timeout: float = 10.0
     ready_file: Path | None = None
+    # Bearer token of /admin/ on the metrics listener; None: the admin API is off (404).
+    admin_token: str | None = None
 
 
 @dataclass
@@ -180,7 +183,8 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
                            metrics=RelayMetrics(relay, store))
     if config.metrics_listen is not None:
         assert running.metrics is not None
-        ms = MetricsServer(running.metrics, running.readiness)
+        admin = AdminApi(relay, config.admin_token) if config.admin_token else None
+        ms = MetricsServer(running.metrics, running.readiness, admin)
         try:
             await ms.start(*config.metrics_listen)
         except BaseException:

@@ -134,3 +134,17 @@ def test_json_logs_scrub_tokens(capsys: pytest.CaptureFixture[str]) -> None:
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_admin_token_file_is_read_checked_and_never_rendered(tmp_path: Path) -> None:
+    t = tmp_path / "admin.token"
+    t.write_text("  admin-secret-0123456789\n")
+    s = load({"admin_token_file": str(t)}, {})
+    assert s.admin_token == "admin-secret-0123456789"
+    assert s.relay_config().admin_token == "admin-secret-0123456789"
+    assert "admin-secret" not in render(s)
+    assert load({}, {}).relay_config().admin_token is None
+    for text in ("", "short", "two tokens-0123456789"):
+        t.write_text(text)
+        with pytest.raises(ConfigError, match="admin_token_file"):
+            load({}, {"KVCS_RELAY_ADMIN_TOKEN_FILE": str(t)})

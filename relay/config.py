@@ -143,10 +143,16 @@ KEYS: tuple[Key, ...] = (
     Key("lmdb_bytes", _int, 8 << 30, "Byte bound of the LMDB tier.", str(8 << 30)),
     Key("lmdb_max_age", _opt_float, None, "Seconds after which a committed Track expires "
         "from LMDB (unset: never).", ""),
+    Key("scope_memory_bytes", _int, 0, "Memory-tier quota of each scope (KVCS Scope ID) "
+        "without one of its own in [scopes.\"<hex>\"]; 0: none.", "0"),
+    Key("scope_lmdb_bytes", _int, 0, "LMDB quota of each scope without one of its own in "
+        "[scopes.\"<hex>\"]; 0: none.", "0"),
     Key("max_datagram_size", _int, 1200, "UDP payload size; raise to the path MTU (e.g. "
         "8952) on jumbo-frame paths.", "1200"),
     Key("max_backlog_bytes", _int, 256 << 20, "Bytes queued for one subscriber beyond which "
         "its subscription ends as too far behind.", str(256 << 20)),
+    Key("max_sessions", _int, 0, "Sessions served at once; more are refused before SETUP "
+        "and counted. 0: no bound.", "0"),
     Key("fill_timeout", _positive_float, 5.0, "Seconds a fill or FETCH waits for unknown "
         "Objects when the request gives no FILL_TIMEOUT.", "5.0"),
     Key("metrics_listen", _hostport_or_off, ("127.0.0.1", 9464), "TCP HOST:PORT of the "
@@ -165,7 +171,7 @@ KEYS: tuple[Key, ...] = (
 )
 KEY_BY_NAME = {k.name: k for k in KEYS}
 # TOML-only tables (secrets and structured values)
-TABLES = ("auth",)
+TABLES = ("auth", "scopes")
 
 
 @dataclass
@@ -177,6 +183,8 @@ class Settings:
     auth_tokens: list[dict[str, Any]] = field(default_factory=list)
     config_file: Path | None = None
     admin_token: str | None = None  # read from admin_token_file; a secret, never rendered
+    # [scopes."<hex Scope ID>"]: (memory_bytes, lmdb_bytes), None where not given
+    scope_overrides: dict[bytes, tuple[int | None, int | None]] = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -203,7 +211,19 @@ class Settings:
             metrics_listen=v["metrics_listen"], drain_timeout=v["drain_timeout"],
             ready_file=v["ready_file"])
         cfg.admin_token = self.admin_token
+        cfg.options.max_sessions = v["max_sessions"]
+        cfg.scope_quotas = self.scope_quotas()
         return cfg
+
+    def scope_quotas(self) -> Any:
+        """The :class:`storage.quota.ScopeQuotas` configured, or None."""
+        from storage.quota import ScopeQuotas
+
+        v = self.values
+        if not (v["scope_memory_bytes"] or v["scope_lmdb_bytes"] or self.scope_overrides):
+            return None
+        return ScopeQuotas(v["scope_memory_bytes"] or None, v["scope_lmdb_bytes"] or None,
+                           dict(self.scope_overrides))
 
 
 def _parse(key: Key, raw: Any, source: str) -> Any:
@@ -262,11 +282,14 @@ def load(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
         config_file = Path(env[ENV_PREFIX + "CONFIG"])
     file_values: dict[str, Any] = {}
     tokens: list[dict[str, Any]] = []
+    scope_overrides: dict[bytes, tuple[int | None, int | None]] = {}
     if config_file is not None:
         where = str(config_file)
         data = _read_file(config_file)
         for name, raw in data.items():
-            if name in TABLES:
+            if name == "scopes":
+                scope_overrides = _scope_table(raw, where)
+            elif name in TABLES:
                 tokens = _auth_tokens(raw, where)
             elif name in KEY_BY_NAME:
                 file_values[name] = raw
@@ -303,7 +326,29 @@ def load(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
             raise ConfigError(f"{name} ({sources[name]}): {p} is not a file")
     settings = Settings(values, sources, tokens, config_file)
     settings.admin_token = admin_token
+    settings.scope_overrides = scope_overrides
     return settings
+
+
+def _scope_table(table: Any, where: str) -> dict[bytes, tuple[int | None, int | None]]:
+    """``[scopes."<hex>"]`` tables of memory_bytes and lmdb_bytes quotas."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: [scopes] holds one table per Scope ID in hex")
+    out: dict[bytes, tuple[int | None, int | None]] = {}
+    for name, t in table.items():
+        at = f"{where}: scopes.{name}"
+        try:
+            scope = bytes.fromhex(name)
+        except ValueError:
+            raise ConfigError(f"{at}: the key must be a Scope ID in hex") from None
+        if not isinstance(t, dict) or not t or set(t) - {"memory_bytes", "lmdb_bytes"}:
+            raise ConfigError(f"{at} takes memory_bytes and/or lmdb_bytes")
+        try:
+            out[scope] = tuple(_int(t[k]) if k in t else None  # type: ignore[assignment]
+                               for k in ("memory_bytes", "lmdb_bytes"))
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{at}: {e}") from None
+    return out
 
 
 def _admin_token(path: Path | None, source: str) -> str | None:
@@ -342,6 +387,10 @@ def render(settings: Settings) -> str:
         v = settings.values[key.name]
         shown = '"off"' if key.name == "metrics_listen" and v is None else _show(v)
         lines.append(f"{key.name} = {shown}  # {settings.sources[key.name]}")
+    for scope, (mem, lm) in settings.scope_overrides.items():
+        lines += ["", f'[scopes."{scope.hex()}"]']
+        lines += [f"{k} = {q}" for k, q in (("memory_bytes", mem), ("lmdb_bytes", lm))
+                  if q is not None]
     for t in settings.auth_tokens:
         lines += ["", "[[auth.tokens]]", 'token = "***"',
                   f"prefixes = {_show(t['prefixes'])}", f"roles = {_show(t['roles'])}"]

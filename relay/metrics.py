@@ -141,6 +141,9 @@ class RelayCollector(Collector):
         yield g
 
         yield from self._storage(c)
+        yield from self._scopes()
+        yield _counter("sessions_refused", "Sessions refused at once because max_sessions "
+                       "were open.", c.get("sessions_refused", 0))
 
         buckets, total = _backlog_buckets(relay)
         yield GaugeHistogramMetricFamily(
@@ -231,6 +234,42 @@ class RelayCollector(Collector):
                        c.get("lmdb_committed_bytes", 0))
         yield _counter("lmdb_full", "Commits refused because LMDB was full (the Track stays "
                        "in memory).", c.get("lmdb_full", 0))
+
+
+    def _scopes(self) -> Iterator[Metric]:
+        """Per-scope bytes, quotas and evictions. Only scopes with a quota of their own
+        get a label value (their Scope ID in hex); all others are summed as "other"."""
+        held = GaugeMetricFamily(P + "scope_stored_bytes", "Bytes held per scope and tier.",
+                                 labels=["scope", "tier"])
+        quota = GaugeMetricFamily(P + "scope_quota_bytes", "Byte quota per scope and tier "
+                                  "(other: the default, per scope).", labels=["scope", "tier"])
+        ev = CounterMetricFamily(P + "scope_evictions", "Evictions per scope and tier "
+                                 "(memory: Groups, LMDB: Tracks).", labels=["scope", "tier"])
+        tiers = [("memory", self.store.memory)]
+        if self.store.durable is not None:
+            tiers.append(("lmdb", self.store.durable))  # type: ignore[arg-type]
+        for tier, t in tiers:
+            q = t.quotas
+            if q is None:
+                continue
+            named = set(q.overrides)
+            for fam, values in ((held, t.scopes.held), (ev, t.scopes.evictions)):
+                sums: dict[str, int] = {"other": 0}
+                for scope, n in list(values.items()):
+                    label = scope.hex() if scope in named else "other"
+                    sums[label] = sums.get(label, 0) + n
+                for label in sorted(named):
+                    sums.setdefault(label.hex(), 0)
+                for label, n in sorted(sums.items()):
+                    fam.add_metric([label, tier], n)
+            for scope in sorted(named):
+                lim = q.limit(scope, tier)
+                if lim is not None:
+                    quota.add_metric([scope.hex(), tier], lim)
+            lim = q.limit(b"\x00unconfigured", tier)
+            if lim is not None:
+                quota.add_metric(["other", tier], lim)
+        yield from (held, quota, ev)
 
 
 def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:

@@ -24,6 +24,7 @@ from relay.session import SessionConfig
 from relay.transport import QuicSettings, Server, ensure_self_signed, fingerprint, serve
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
+from storage.quota import ScopeQuotas
 from storage.tiered import TieredStore
 
 log = logging.getLogger("kvcs.relay")
@@ -55,6 +56,8 @@ class RelayConfig:
     ready_file: Path | None = None
     # Bearer token of /admin/ on the metrics listener; None: the admin API is off (404).
     admin_token: str | None = None
+    # Per-scope byte quotas of both tiers (storage/quota.py); None: none.
+    scope_quotas: ScopeQuotas | None = None
 
 
 @dataclass
@@ -157,8 +160,8 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
         paths = ensure_self_signed(data / "tls")
         certfile, keyfile, fp = paths.certfile, paths.keyfile, paths.fingerprint
     durable = LmdbStore(os.fspath(data / "lmdb"), config.lmdb_bytes,
-                        max_age=config.lmdb_max_age)
-    store = TieredStore(MemoryStore(config.memory_bytes), durable)
+                        max_age=config.lmdb_max_age, quotas=config.scope_quotas)
+    store = TieredStore(MemoryStore(config.memory_bytes, config.scope_quotas), durable)
     # Small send buffers: Objects waiting for a slow subscriber wait in the relay's
     # scheduler (in priority order, counted against its backlog bound), not in QUIC's queue.
     settings = QuicSettings(max_datagram_size=config.max_datagram_size,

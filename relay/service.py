@@ -218,9 +218,10 @@ async def run_forever(config: RelayConfig) -> None:
         if config.ready_file is not None:
             _write_ready_file(Path(config.ready_file), running)
         # after the ready file and the signal handlers: whoever sees this line may use both
-        log.info("relay ready on %s (WebTransport %s) data-dir=%s certificate sha256=%s "
+        log.info("relay ready on %s (WebTransport %s) data-dir=%s certificate=%s sha256=%s "
                  "metrics=%s", running.url, running.wt_url, config.data_dir,
-                 running.fingerprint, f"{config.metrics_listen[0]}:{running.metrics_port}"
+                 running.certfile, running.fingerprint,
+                 f"{config.metrics_listen[0]}:{running.metrics_port}"
                  if config.metrics_listen else "off")
         await stop.wait()
         stop.clear()

@@ -269,6 +269,8 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="KV cache file for the reused prefix."),
         click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
                      help="JSON report: per-layer times, bytes, verification, recovery."),
+        click.option("--quiet", is_flag=True,
+                     help="No progress line (there is none off a terminal)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -280,8 +282,8 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
              descriptor: Path, scope_key: Path, tokens: Path, codec: str, joint: bool,
              require_cose: bool, keys: Path | None, namespaces: tuple[str, ...],
              index_blocks: int | None, max_blocks: int | None, recompute_ms_per_layer: float,
-             wait_ms: float | None, stall_ms: float, out: Path | None, report: Path | None
-             ) -> None:
+             wait_ms: float | None, stall_ms: float, out: Path | None, report: Path | None,
+             quiet: bool = False) -> None:
     from .subscriber import RetrieveOptions, retrieve
 
     access = _access(relay, ca, insecure, connect_ms)
@@ -296,7 +298,12 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
                            publications=pubs, max_blocks=max_blocks,
                            recompute_ms_per_layer=recompute_ms_per_layer,
                            discovery_window=window, stall_timeout=stall_ms / 1000)
-    res = asyncio.run(retrieve(opts))
+    progress = Progress("subscribe" if mode == "live" else "fetch", quiet=quiet)
+    opts.progress = progress.retrieval
+    try:
+        res = asyncio.run(retrieve(opts))
+    finally:
+        progress.close()
     if out is not None:
         write_kvfile(out, res.k, res.v, desc, res.tokens)
     if report is not None:

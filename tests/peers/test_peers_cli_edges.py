@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import os
+import pty
 import stat
 import sys
 import time
@@ -144,3 +145,42 @@ def test_progress_only_on_a_terminal_and_not_with_quiet() -> None:
         p.close()
         text = stream.getvalue()
         assert ("layer 4/4" in text and "MB/s" in text) if shown else text == ""
+
+
+async def _on_a_terminal(*args: str) -> tuple[int, str]:
+    """Run ``kvcs ARGS`` with stderr on a pseudo-terminal; (exit code, what it showed)."""
+    master, slave = pty.openpty()
+    proc = await asyncio.create_subprocess_exec(*KVCS, *args, stdout=asyncio.subprocess.PIPE,
+                                                stderr=slave)
+    os.close(slave)
+    await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other end is closed and drained
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    assert proc.returncode is not None
+    return proc.returncode, shown.decode()
+
+
+async def test_publish_and_fetch_show_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path / "relay")
+    key, out = tmp_path / "scope.key", tmp_path / "pub.kv"
+    write_scope_key(key, os.urandom(32))
+    try:
+        code, shown = await _on_a_terminal(*_publish(r.url, r.certfile, key, "--out",
+                                                      str(out)))
+        assert code == 0 and "publish: layer 3/3" in shown and "MB/s" in shown, shown
+        code, shown = await _on_a_terminal(
+            "fetch", "--relay", r.url, "--ca", str(r.certfile), "--descriptor", str(out),
+            "--tokens", str(out), "--scope-key", str(key))
+        assert code == 0 and "fetch: layer 3/3" in shown, shown
+        code, shown = await _on_a_terminal(*_publish(r.url, r.certfile, key, "--quiet"))
+        assert code == 0 and "publish: layer" not in shown, shown
+    finally:
+        await r.close()

@@ -266,7 +266,7 @@ class RelayCollector(Collector):
                 lim = q.limit(scope, tier)
                 if lim is not None:
                     quota.add_metric([scope.hex(), tier], lim)
-            lim = q.limit(b"\x00unconfigured", tier)
+            lim = q.default(tier)
             if lim is not None:
                 quota.add_metric(["other", tier], lim)
         yield from (held, quota, ev)

@@ -38,13 +38,17 @@ class ScopeQuotas:
         own = self.overrides.get(scope)
         if own is not None and own[slot] is not None:
             return own[slot]
+        return self.default(tier)
+
+    def default(self, tier: str) -> int | None:
+        """The quota of each scope without one of its own."""
         return self.memory_default if tier == MEMORY else self.lmdb_default
 
     def active(self, tier: str) -> bool:
         """Any bound at all for ``tier`` (else the tier keeps no per-scope books)."""
         slot = 0 if tier == MEMORY else 1
-        default = self.memory_default if tier == MEMORY else self.lmdb_default
-        return default is not None or any(v[slot] is not None for v in self.overrides.values())
+        return self.default(tier) is not None or \
+            any(v[slot] is not None for v in self.overrides.values())
 
 
 @dataclass

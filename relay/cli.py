@@ -86,7 +86,8 @@ def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     logs.setup(settings.log_level, settings.log_format,
-               secrets=[t["token"] for t in settings.auth_tokens])
+               secrets=[t["token"] for t in settings.auth_tokens]
+               + [settings.admin_token or ""])
     from relay.service import run_forever
 
     try:
@@ -101,6 +102,9 @@ def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
         sys.exit(1)
 
 
+from relay.admin_client import admin as _admin_command  # noqa: E402 (after the group exists)
+
+main.add_command(_admin_command)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -143,6 +143,10 @@ KEYS: tuple[Key, ...] = (
     Key("lmdb_bytes", _int, 8 << 30, "Byte bound of the LMDB tier.", str(8 << 30)),
     Key("lmdb_max_age", _opt_float, None, "Seconds after which a committed Track expires "
         "from LMDB (unset: never).", ""),
+    Key("scope_memory_bytes", _int, 0, "Memory-tier quota of each scope (KVCS Scope ID) "
+        "without one of its own in [scopes.\"<hex>\"]; 0: none.", "0"),
+    Key("scope_lmdb_bytes", _int, 0, "LMDB quota of each scope without one of its own in "
+        "[scopes.\"<hex>\"]; 0: none.", "0"),
     Key("max_datagram_size", _int, 1200, "UDP payload size; raise to the path MTU (e.g. "
         "8952) on jumbo-frame paths.", "1200"),
     Key("quic_backend", _choice("aioquic", "qh3"), "aioquic", "QUIC library: aioquic, or "
@@ -150,6 +154,8 @@ KEYS: tuple[Key, ...] = (
         "see docs/transport.md.", "aioquic"),
     Key("max_backlog_bytes", _int, 256 << 20, "Bytes queued for one subscriber beyond which "
         "its subscription ends as too far behind.", str(256 << 20)),
+    Key("max_sessions", _int, 0, "Sessions served at once; more are refused before SETUP "
+        "and counted. 0: no bound.", "0"),
     Key("fill_timeout", _positive_float, 5.0, "Seconds a fill or FETCH waits for unknown "
         "Objects when the request gives no FILL_TIMEOUT.", "5.0"),
     Key("metrics_listen", _hostport_or_off, ("127.0.0.1", 9464), "TCP HOST:PORT of the "
@@ -160,13 +166,15 @@ KEYS: tuple[Key, ...] = (
         "\"pid\"} as JSON to this file (for supervisors and tests).", ""),
     Key("tokens_file", _opt_path, None, "A TOML file holding only [[auth.tokens]] (e.g. a "
         "mounted Kubernetes Secret); added to the tokens of the config file.", ""),
+    Key("admin_token_file", _opt_path, None, "File holding the bearer token of the admin API "
+        "(/admin/ on the metrics listener); unset: the admin API is off.", ""),
     Key("log_level", _log_level, "INFO", "DEBUG, INFO, WARNING or ERROR.", "INFO"),
     Key("log_format", _choice("text", "json"), "text", "text (one line per event) or json "
         "(one object per line).", "text"),
 )
 KEY_BY_NAME = {k.name: k for k in KEYS}
 # TOML-only tables (secrets and structured values)
-TABLES = ("auth",)
+TABLES = ("auth", "scopes")
 
 
 @dataclass
@@ -177,6 +185,9 @@ class Settings:
     sources: dict[str, str]
     auth_tokens: list[dict[str, Any]] = field(default_factory=list)
     config_file: Path | None = None
+    admin_token: str | None = None  # read from admin_token_file; a secret, never rendered
+    # [scopes."<hex Scope ID>"]: (memory_bytes, lmdb_bytes), None where not given
+    scope_overrides: dict[bytes, tuple[int | None, int | None]] = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -191,7 +202,7 @@ class Settings:
 
         v = self.values
         host, port = v["listen"]
-        return RelayConfig(
+        cfg = RelayConfig(
             listen_host=host, listen_port=port, data_dir=v["data_dir"], cert=v["cert"],
             key=v["key"], upstream=list(v["upstream"]), upstream_ca=v["upstream_ca"],
             upstream_insecure=v["upstream_insecure"], memory_bytes=v["memory_bytes"],
@@ -202,6 +213,20 @@ class Settings:
             auth_tokens=[dict(t) for t in self.auth_tokens],
             metrics_listen=v["metrics_listen"], drain_timeout=v["drain_timeout"],
             ready_file=v["ready_file"])
+        cfg.admin_token = self.admin_token
+        cfg.options.max_sessions = v["max_sessions"]
+        cfg.scope_quotas = self.scope_quotas()
+        return cfg
+
+    def scope_quotas(self) -> Any:
+        """The :class:`storage.quota.ScopeQuotas` configured, or None."""
+        from storage.quota import ScopeQuotas
+
+        v = self.values
+        if not (v["scope_memory_bytes"] or v["scope_lmdb_bytes"] or self.scope_overrides):
+            return None
+        return ScopeQuotas(v["scope_memory_bytes"] or None, v["scope_lmdb_bytes"] or None,
+                           dict(self.scope_overrides))
 
 
 def _parse(key: Key, raw: Any, source: str) -> Any:
@@ -260,11 +285,14 @@ def load(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
         config_file = Path(env[ENV_PREFIX + "CONFIG"])
     file_values: dict[str, Any] = {}
     tokens: list[dict[str, Any]] = []
+    scope_overrides: dict[bytes, tuple[int | None, int | None]] = {}
     if config_file is not None:
         where = str(config_file)
         data = _read_file(config_file)
         for name, raw in data.items():
-            if name in TABLES:
+            if name == "scopes":
+                scope_overrides = _scope_table(raw, where)
+            elif name in TABLES:
                 tokens = _auth_tokens(raw, where)
             elif name in KEY_BY_NAME:
                 file_values[name] = raw
@@ -292,13 +320,53 @@ def load(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
         if set(extra) - {"auth"}:
             raise ConfigError(f"{where}: a tokens file holds only [[auth.tokens]]")
         tokens += _auth_tokens(extra.get("auth", {}), where)
+    admin_token = _admin_token(values["admin_token_file"], sources["admin_token_file"])
     if (values["cert"] is None) != (values["key"] is None):
         raise ConfigError("cert and key go together (give both or neither)")
     for name in ("cert", "key", "upstream_ca"):
         p = values[name]
         if p is not None and not Path(p).is_file():
             raise ConfigError(f"{name} ({sources[name]}): {p} is not a file")
-    return Settings(values, sources, tokens, config_file)
+    settings = Settings(values, sources, tokens, config_file)
+    settings.admin_token = admin_token
+    settings.scope_overrides = scope_overrides
+    return settings
+
+
+def _scope_table(table: Any, where: str) -> dict[bytes, tuple[int | None, int | None]]:
+    """``[scopes."<hex>"]`` tables of memory_bytes and lmdb_bytes quotas."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: [scopes] holds one table per Scope ID in hex")
+    out: dict[bytes, tuple[int | None, int | None]] = {}
+    for name, t in table.items():
+        at = f"{where}: scopes.{name}"
+        try:
+            scope = bytes.fromhex(name)
+        except ValueError:
+            raise ConfigError(f"{at}: the key must be a Scope ID in hex") from None
+        if not isinstance(t, dict) or not t or set(t) - {"memory_bytes", "lmdb_bytes"}:
+            raise ConfigError(f"{at} takes memory_bytes and/or lmdb_bytes")
+        try:
+            out[scope] = tuple(_int(t[k]) if k in t else None  # type: ignore[assignment]
+                               for k in ("memory_bytes", "lmdb_bytes"))
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{at}: {e}") from None
+    return out
+
+
+def _admin_token(path: Path | None, source: str) -> str | None:
+    """The admin API's token: the file's text, surrounding whitespace removed."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"admin_token_file ({source}): cannot read {path}: "
+                          f"{getattr(e, 'strerror', None) or e}") from None
+    if len(token) < 16 or any(c.isspace() for c in token):
+        raise ConfigError(f"admin_token_file ({source}): {path} must hold one token of at "
+                          "least 16 characters")
+    return token
 
 
 def _show(v: Any) -> str:
@@ -322,6 +390,10 @@ def render(settings: Settings) -> str:
         v = settings.values[key.name]
         shown = '"off"' if key.name == "metrics_listen" and v is None else _show(v)
         lines.append(f"{key.name} = {shown}  # {settings.sources[key.name]}")
+    for scope, (mem, lm) in settings.scope_overrides.items():
+        lines += ["", f'[scopes."{scope.hex()}"]']
+        lines += [f"{k} = {q}" for k, q in (("memory_bytes", mem), ("lmdb_bytes", lm))
+                  if q is not None]
     for t in settings.auth_tokens:
         lines += ["", "[[auth.tokens]]", 'token = "***"',
                   f"prefixes = {_show(t['prefixes'])}", f"roles = {_show(t['roles'])}"]

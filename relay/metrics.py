@@ -33,9 +33,12 @@ from prometheus_client.core import (
 from prometheus_client.openmetrics import exposition as _om
 from prometheus_client.registry import Collector
 
+from relay.admin import MAX_BODY as ADMIN_MAX_BODY
+from relay.admin import PREFIX as ADMIN_PREFIX
 from relay.moqt.codes import RequestErrorCode, SessionErrorCode
 
 if TYPE_CHECKING:
+    from relay.admin import AdminApi
     from relay.core.relay import Relay
     from storage.tiered import TieredStore
 
@@ -138,6 +141,9 @@ class RelayCollector(Collector):
         yield g
 
         yield from self._storage(c)
+        yield from self._scopes()
+        yield _counter("sessions_refused", "Sessions refused at once because max_sessions "
+                       "were open.", c.get("sessions_refused", 0))
 
         buckets, total = _backlog_buckets(relay)
         yield GaugeHistogramMetricFamily(
@@ -148,6 +154,10 @@ class RelayCollector(Collector):
                        c.get("too_far_behind", 0))
         yield _counter("authorization_failures", "Requests refused for want of a valid "
                        "token.", c.get("auth_failures", 0))
+        yield _counter("admin_unauthorized", "Admin API requests refused for a missing or "
+                       "wrong token.", c.get("admin_unauthorized", 0))
+        yield _counter("admin_purged_tracks", "Tracks removed by admin purges.",
+                       c.get("admin_purged_tracks", 0))
         g = GaugeMetricFamily(P + "draining", "1 once GOAWAY was sent to every session.")
         g.add_metric([], 1 if relay.draining else 0)
         yield g
@@ -226,6 +236,42 @@ class RelayCollector(Collector):
                        "in memory).", c.get("lmdb_full", 0))
 
 
+    def _scopes(self) -> Iterator[Metric]:
+        """Per-scope bytes, quotas and evictions. Only scopes with a quota of their own
+        get a label value (their Scope ID in hex); all others are summed as "other"."""
+        held = GaugeMetricFamily(P + "scope_stored_bytes", "Bytes held per scope and tier.",
+                                 labels=["scope", "tier"])
+        quota = GaugeMetricFamily(P + "scope_quota_bytes", "Byte quota per scope and tier "
+                                  "(other: the default, per scope).", labels=["scope", "tier"])
+        ev = CounterMetricFamily(P + "scope_evictions", "Evictions per scope and tier "
+                                 "(memory: Groups, LMDB: Tracks).", labels=["scope", "tier"])
+        tiers = [("memory", self.store.memory)]
+        if self.store.durable is not None:
+            tiers.append(("lmdb", self.store.durable))  # type: ignore[arg-type]
+        for tier, t in tiers:
+            q = t.quotas
+            if q is None:
+                continue
+            named = set(q.overrides)
+            for fam, values in ((held, t.scopes.held), (ev, t.scopes.evictions)):
+                sums: dict[str, int] = {"other": 0}
+                for scope, n in list(values.items()):
+                    label = scope.hex() if scope in named else "other"
+                    sums[label] = sums.get(label, 0) + n
+                for label in sorted(named):
+                    sums.setdefault(label.hex(), 0)
+                for label, n in sorted(sums.items()):
+                    fam.add_metric([label, tier], n)
+            for scope in sorted(named):
+                lim = q.limit(scope, tier)
+                if lim is not None:
+                    quota.add_metric([scope.hex(), tier], lim)
+            lim = q.default(tier)
+            if lim is not None:
+                quota.add_metric(["other", tier], lim)
+        yield from (held, quota, ev)
+
+
 def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
     return CounterMetricFamily(P + name, doc, value=value)
 
@@ -263,9 +309,11 @@ ReadyCheck = Callable[[], Awaitable[list[str]]]
 class MetricsServer:
     """A small HTTP/1.1 server on the relay's loop: /metrics, /healthz, /readyz."""
 
-    def __init__(self, metrics: RelayMetrics, ready: ReadyCheck) -> None:
+    def __init__(self, metrics: RelayMetrics, ready: ReadyCheck,
+                 admin: AdminApi | None = None) -> None:
         self.metrics = metrics
         self.ready = ready
+        self.admin = admin  # None: /admin/ is off (404)
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
@@ -292,7 +340,7 @@ class MetricsServer:
         try:
             async with asyncio.timeout(10.0):  # a stuck client must not hold a task forever
                 head = await reader.readuntil(b"\r\n\r\n")
-                status, ctype, body = await self._route(head)
+                status, ctype, body = await self._route(head, reader)
                 writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
                              b"Connection: close\r\n\r\n" % (
                                  status, _REASONS[status], ctype.encode(), len(body)) + body)
@@ -305,9 +353,14 @@ class MetricsServer:
         finally:
             writer.close()
 
-    async def _route(self, head: bytes) -> tuple[int, str, bytes]:
+    async def _route(self, head: bytes,
+                     reader: asyncio.StreamReader | None = None) -> tuple[int, str, bytes]:
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
+        if len(parts) >= 2 and parts[1].split("?", 1)[0].startswith(ADMIN_PREFIX):
+            if self.admin is None or reader is None:  # off: as if it did not exist
+                return 404, "text/plain", b"not found\n"
+            return await self._admin(parts[0], parts[1].split("?", 1)[0], lines, reader)
         if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
             return 405, "text/plain", b"method not allowed\n"
         path = parts[1].split("?", 1)[0]
@@ -326,7 +379,19 @@ class MetricsServer:
         return 404, "text/plain", b"not found\n"
 
 
-_REASONS = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed",
-            503: b"Service Unavailable"}
+    async def _admin(self, method: str, path: str, lines: list[str],
+                     reader: asyncio.StreamReader) -> tuple[int, str, bytes]:
+        assert self.admin is not None
+        headers = {k.strip().lower(): v.strip() for k, _, v in
+                   (ln.partition(":") for ln in lines[1:] if ln)}
+        length = headers.get("content-length", "0")
+        if not length.isdigit() or int(length) > ADMIN_MAX_BODY:
+            return 400, "text/plain", b"bad Content-Length (at most 64 KiB)\n"
+        body = await reader.readexactly(int(length)) if int(length) else b""
+        return await self.admin.handle(method, path, headers, body)
+
+
+_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found",
+            405: b"Method Not Allowed", 503: b"Service Unavailable"}
 
 __all__ = ["MetricsServer", "ReadyCheck", "RelayCollector", "RelayMetrics"]

@@ -15,6 +15,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relay.admin import AdminApi
 from relay.core.auth import Authorizer
 from relay.core.relay import Relay, RelayOptions
 from relay.core.upstream import UpstreamLink
@@ -23,6 +24,7 @@ from relay.session import SessionConfig
 from relay.transport import QuicSettings, Server, ensure_self_signed, fingerprint, serve
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
+from storage.quota import ScopeQuotas
 from storage.tiered import TieredStore
 
 log = logging.getLogger("kvcs.relay")
@@ -55,6 +57,10 @@ class RelayConfig:
     # After SIGTERM/SIGINT and GOAWAY: how long fills, FETCHes and LMDB commits may finish.
     drain_timeout: float = 10.0
     ready_file: Path | None = None
+    # Bearer token of /admin/ on the metrics listener; None: the admin API is off (404).
+    admin_token: str | None = None
+    # Per-scope byte quotas of both tiers (storage/quota.py); None: none.
+    scope_quotas: ScopeQuotas | None = None
 
 
 @dataclass
@@ -157,8 +163,8 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
         paths = ensure_self_signed(data / "tls")
         certfile, keyfile, fp = paths.certfile, paths.keyfile, paths.fingerprint
     durable = LmdbStore(os.fspath(data / "lmdb"), config.lmdb_bytes,
-                        max_age=config.lmdb_max_age)
-    store = TieredStore(MemoryStore(config.memory_bytes), durable)
+                        max_age=config.lmdb_max_age, quotas=config.scope_quotas)
+    store = TieredStore(MemoryStore(config.memory_bytes, config.scope_quotas), durable)
     # Small send buffers: Objects waiting for a slow subscriber wait in the relay's
     # scheduler (in priority order, counted against its backlog bound), not in QUIC's queue.
     settings = QuicSettings(max_datagram_size=config.max_datagram_size,
@@ -184,7 +190,8 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
                            metrics=RelayMetrics(relay, store))
     if config.metrics_listen is not None:
         assert running.metrics is not None
-        ms = MetricsServer(running.metrics, running.readiness)
+        admin = AdminApi(relay, config.admin_token) if config.admin_token else None
+        ms = MetricsServer(running.metrics, running.readiness, admin)
         try:
             await ms.start(*config.metrics_listen)
         except BaseException:
@@ -215,9 +222,10 @@ async def run_forever(config: RelayConfig) -> None:
         if config.ready_file is not None:
             _write_ready_file(Path(config.ready_file), running)
         # after the ready file and the signal handlers: whoever sees this line may use both
-        log.info("relay ready on %s (WebTransport %s) data-dir=%s certificate sha256=%s "
+        log.info("relay ready on %s (WebTransport %s) data-dir=%s certificate=%s sha256=%s "
                  "metrics=%s", running.url, running.wt_url, config.data_dir,
-                 running.fingerprint, f"{config.metrics_listen[0]}:{running.metrics_port}"
+                 running.certfile, running.fingerprint,
+                 f"{config.metrics_listen[0]}:{running.metrics_port}"
                  if config.metrics_listen else "off")
         await stop.wait()
         stop.clear()

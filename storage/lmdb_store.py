@@ -68,6 +68,7 @@ from storage.interface import (
     WalkItem,
     normalize_ranges,
 )
+from storage.quota import LMDB, ScopeBooks, ScopeQuotas
 from storage.walk import read_objects, walk_range
 
 _META = struct.Struct("<QQddQQQ")  # bytes, use seq, created, last used, eot group/object, groups
@@ -121,9 +122,11 @@ class LmdbStore:
     def __init__(self, path: str | os.PathLike[str], capacity: int, *,
                  max_age: float | None = None, clock: Callable[[], float] = time.time,
                  map_limit: int | None = None, initial_map_size: int | None = None,
-                 sync: bool = True) -> None:
+                 sync: bool = True, quotas: ScopeQuotas | None = None) -> None:
         self.path = Path(path)
         self.capacity = capacity
+        self.quotas = quotas if quotas is not None and quotas.active(LMDB) else None
+        self.scopes = ScopeBooks()
         self.max_age = max_age
         self._clock = clock
         # B-tree pages, page rounding and pages freed while readers still need them.
@@ -151,6 +154,7 @@ class LmdbStore:
             self._seq = self._counter(txn, b"seq", 0)
             self._bytes = self._counter(txn, b"bytes", 0)
         self.evicted_tracks = 0
+        self._count_scopes()
         self._scratch = bytearray()  # Group values are encoded here, then copied by LMDB
 
     # -- writing ---------------------------------------------------------------------------
@@ -166,6 +170,10 @@ class LmdbStore:
         size = sum(sizes)
         if size > self.capacity:
             raise StorageFullError(f"track of {size} bytes exceeds capacity {self.capacity}")
+        scope = self.quotas.scope_of(track) if self.quotas is not None else None
+        limit = self.quotas.limit(scope, LMDB) if self.quotas and scope is not None else None
+        if limit is not None and size > limit:
+            raise StorageFullError(f"track of {size} bytes exceeds its scope's quota {limit}")
         name = encode_track_name(track)
         nkey = track_name_key(name)
         now = self._clock()
@@ -175,7 +183,9 @@ class LmdbStore:
                     self._purge_expired(txn, now)
                     if txn.get(nkey, db=self._names) is not None:
                         return 0  # Objects never change: the stored copy is this track
-                    self._evict(txn, self.capacity - size)
+                    if limit is not None and scope is not None:
+                        self._evict_scope(txn, scope, limit - size)
+                    self._evict(txn, self.capacity - size, scope)
                     tid = self._next_id
                     scratch = self._scratch
                     for g, objs in enumerate(groups):
@@ -195,6 +205,8 @@ class LmdbStore:
                     txn.put(_u64(meta.seq) + _u64(tid), b"", db=self._lru)
                     self._next_id = tid + 1
                     self._bytes += size
+                if scope is not None:
+                    self.scopes.add(scope, size)
                 return size
             except lmdb.MapFullError:
                 try:
@@ -329,6 +341,53 @@ class LmdbStore:
             self._next_id = self._counter(txn, b"next_id", 1)
             self._seq = self._counter(txn, b"seq", 0)
             self._bytes = self._counter(txn, b"bytes", 0)
+        self._count_scopes()
+
+    # -- per-scope quotas (storage/quota.py) -----------------------------------------------
+
+    def _count_scopes(self) -> None:
+        """Bytes held per scope, from the tracks table (at open, and after an abort)."""
+        if self.quotas is None:
+            return
+        held: dict[bytes, int] = {}
+        with self._env.begin() as txn:
+            for _, raw in txn.cursor(db=self._tracks):
+                meta = _Meta(raw)
+                scope = self.quotas.scope_of(decode_track_name(meta.name))
+                held[scope] = held.get(scope, 0) + int(meta.nbytes)
+        self.scopes.held = held
+
+    def _scope_of(self, txn: lmdb.Transaction, tid: int) -> bytes | None:
+        if self.quotas is None:
+            return None
+        raw = txn.get(_u64(tid), db=self._tracks)
+        if raw is None:
+            return None
+        return self.quotas.scope_of(decode_track_name(_Meta(raw).name))
+
+    def _lru_first(self, txn: lmdb.Transaction, scope: bytes | None) -> int | None:
+        """The least recently used track of ``scope`` (any scope when None)."""
+        with txn.cursor(db=self._lru) as cur:
+            for key, _ in cur:
+                tid = int.from_bytes(key[8:], "big")
+                if scope is None or self._scope_of(txn, tid) == scope:
+                    return tid
+        return None
+
+    def _evict_one(self, txn: lmdb.Transaction, tid: int) -> None:
+        scope = self._scope_of(txn, tid)
+        self._bytes -= self._remove(txn, tid)
+        self.evicted_tracks += 1
+        if scope is not None:
+            self.scopes.evicted(scope)
+
+    def _evict_scope(self, txn: lmdb.Transaction, scope: bytes, budget: int) -> None:
+        """Remove the scope's own least recently used tracks until it holds <= budget."""
+        while self.scopes.held.get(scope, 0) > budget:
+            tid = self._lru_first(txn, scope)
+            if tid is None:
+                return
+            self._evict_one(txn, tid)
 
     def _write_usage(self, txn: lmdb.Transaction) -> None:
         touched, self._touched = self._touched, {}
@@ -348,6 +407,9 @@ class LmdbStore:
         if raw is None:
             return 0
         meta = _Meta(raw)
+        if self.quotas is not None:
+            self.scopes.add(self.quotas.scope_of(decode_track_name(meta.name)),
+                            -int(meta.nbytes))
         txn.delete(_u64(meta.seq) + _u64(tid), db=self._lru)
         txn.delete(_u64(tid), db=self._tracks)
         txn.delete(_u64(tid), db=self._props)
@@ -361,16 +423,18 @@ class LmdbStore:
         self._touched.pop(tid, None)
         return int(meta.nbytes)
 
-    def _evict(self, txn: lmdb.Transaction, budget: int) -> None:
-        """Remove least-recently-used tracks until at most `budget` bytes remain."""
+    def _evict(self, txn: lmdb.Transaction, budget: int, scope: bytes | None = None) -> None:
+        """Remove least-recently-used tracks until at most `budget` bytes remain; with a
+        `scope`, that scope's own tracks first (see storage/quota.py)."""
         while self._bytes > budget:
-            with txn.cursor(db=self._lru) as cur:
-                if not cur.first():
-                    self._bytes = 0  # nothing left to hold bytes: the counter was off
-                    return
-                tid = int.from_bytes(cur.key()[8:], "big")
-            self._bytes -= self._remove(txn, tid)
-            self.evicted_tracks += 1
+            tid = self._lru_first(txn, scope) if scope is not None else None
+            if tid is None:
+                with txn.cursor(db=self._lru) as cur:
+                    if not cur.first():
+                        self._bytes = 0  # nothing left to hold bytes: the counter was off
+                        return
+                    tid = int.from_bytes(cur.key()[8:], "big")
+            self._evict_one(txn, tid)
 
     def _purge_expired(self, txn: lmdb.Transaction, now: float) -> int:
         if self.max_age is None:

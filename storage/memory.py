@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left, bisect_right, insort
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +43,7 @@ from storage.interface import (
     WalkItem,
     normalize_ranges,
 )
+from storage.quota import MEMORY, ScopeBooks, ScopeQuotas
 from storage.walk import read_objects, walk_range
 
 # A StoredObject plus its dict / list slots measures ~140 bytes with tracemalloc on CPython
@@ -89,10 +91,11 @@ class MemoryGroup:
 
 
 class _TrackState:
-    __slots__ = ("aborted", "end_of_track", "groups", "largest", "pins", "track")
+    __slots__ = ("aborted", "end_of_track", "groups", "largest", "pins", "scope", "track")
 
-    def __init__(self, track: TrackKey) -> None:
+    def __init__(self, track: TrackKey, scope: bytes | None = None) -> None:
         self.track = track
+        self.scope = scope  # None: no per-scope quotas, no books kept
         self.groups: list[int] = []  # sorted IDs of held Groups (cached or parked)
         self.largest: Location | None = None
         self.end_of_track: StoredObject | None = None
@@ -133,7 +136,11 @@ class _GroupCache(LRUCache[_GroupKey, MemoryGroup]):
         self._owner = owner
 
     def popitem(self) -> tuple[_GroupKey, MemoryGroup]:
-        key, grp = super().popitem()
+        key = self._owner._own_victim()
+        if key is None:
+            key, grp = super().popitem()
+        else:
+            grp = self.pop(key)
         self._owner._evicted(key, grp)
         return key, grp
 
@@ -145,8 +152,13 @@ def _sizeof(grp: MemoryGroup) -> int:
 class MemoryStore:
     """The memory tier. `capacity` is in bytes, overhead included."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, quotas: ScopeQuotas | None = None) -> None:
         self.capacity = capacity
+        self.quotas = quotas if quotas is not None and quotas.active(MEMORY) else None
+        self.scopes = ScopeBooks()
+        # per scope, its cached Groups least recently used first (only with quotas)
+        self._scope_lru: dict[bytes, OrderedDict[_GroupKey, None]] = {}
+        self._inserting: _GroupKey | None = None  # the Group being put (victim choice)
         self._cache = _GroupCache(capacity, self)
         self._parked: dict[_GroupKey, MemoryGroup] = {}  # pinned Groups pushed out of the LRU
         self._parked_bytes = 0
@@ -161,7 +173,7 @@ class MemoryStore:
         """Store one Object (status Objects included); see `AppendResult` and `ConflictError`."""
         st = self._tracks.get(track)
         if st is None:
-            st = self._tracks[track] = _TrackState(track)
+            st = self._tracks[track] = self._new_state(track)
         loc = Location(obj.group, obj.object_id)
         key = (st, obj.group)
         grp = self._cache.get(key)  # also the LRU "use" of appending
@@ -176,6 +188,7 @@ class MemoryStore:
             raise
         if verdict is not None:
             return verdict
+        new = grp is None
         if grp is None:
             grp = MemoryGroup()
             insort(st.groups, obj.group)
@@ -193,10 +206,15 @@ class MemoryStore:
             st.end_of_track = obj
         if st.largest is None or loc > st.largest:
             st.largest = loc
+        if st.scope is not None:
+            self.scopes.add(st.scope, size + (GROUP_OVERHEAD if new else 0))
         if parked:
             self._parked_bytes += size
             return AppendResult.STORED
-        return self._put(track, st, key, grp)
+        result = self._put(track, st, key, grp)
+        if st.scope is not None and result is AppendResult.STORED:
+            self._enforce_quota(st, key)
+        return result
 
     def end_group(self, track: TrackKey, group: int, object_id: int, *, subgroup: int = 0,
                   priority: int = 0) -> AppendResult:
@@ -214,7 +232,7 @@ class MemoryStore:
         """The track's publisher failed: keep serving what is held, never report it complete."""
         st = self._tracks.get(track)
         if st is None:
-            st = self._tracks[track] = _TrackState(track)
+            st = self._tracks[track] = self._new_state(track)
         st.aborted = True
 
     def drop_track(self, track: TrackKey) -> None:
@@ -224,6 +242,11 @@ class MemoryStore:
             return
         for g in st.groups:
             key = (st, g)
+            held = Cache.__getitem__(self._cache, key) if key in self._cache \
+                else self._parked.get(key)
+            if st.scope is not None and held is not None:
+                self.scopes.add(st.scope, -held.nbytes)
+                self._lru_drop(st, key)
             if key in self._cache:
                 del self._cache[key]
             grp = self._parked.pop(key, None)
@@ -241,6 +264,7 @@ class MemoryStore:
             self._parked_bytes -= grp.nbytes
         elif key in self._cache:
             grp = self._cache.pop(key)
+            self._lru_drop(st, key)
         if grp is None:
             return False
         self._forget_group(track, st, group, grp)
@@ -251,7 +275,7 @@ class MemoryStore:
         """Keep Groups [first_group, last_group] of `track` (held now or later) from eviction."""
         st = self._tracks.get(track)
         if st is None:
-            st = self._tracks[track] = _TrackState(track)
+            st = self._tracks[track] = self._new_state(track)
         lease_id = next(self._lease_ids)
         st.pins[lease_id] = (first_group, last_group)
         return Lease(self, track, lease_id)
@@ -394,6 +418,8 @@ class MemoryStore:
         key = (st, group)
         cache = self._cache
         if key in cache:
+            if touch and st.scope is not None:
+                self._scope_lru[st.scope].move_to_end(key)
             # LRUCache.__getitem__ is the LRU "use"; the base class lookup only peeks.
             return cache[key] if touch else Cache.__getitem__(cache, key)
         return self._parked.get(key)
@@ -434,9 +460,12 @@ class MemoryStore:
     def _put(self, track: TrackKey, st: _TrackState, key: _GroupKey,
              grp: MemoryGroup) -> AppendResult:
         cache = self._cache
+        self._inserting = key
         try:
             cache[key] = grp  # re-set: cachetools sizes an entry only when it is set
         except ValueError:  # this one Group is larger than the whole capacity
+            self._inserting = None
+            self._lru_drop(st, key)
             if key in cache:
                 del cache[key]
             if st.pinned(key[1]):
@@ -445,25 +474,35 @@ class MemoryStore:
                 return AppendResult.STORED
             self._forget_group(track, st, key[1], grp)
             return AppendResult.NOT_KEPT
+        if st.scope is not None:
+            lru = self._scope_lru.setdefault(st.scope, OrderedDict())
+            lru[key] = None
+            lru.move_to_end(key)
         # Pinned Groups parked outside the LRU still count against capacity.
         while self._parked_bytes and cache.currsize + self._parked_bytes > self.capacity \
                 and len(cache) > 1:
             cache.popitem()
+        self._inserting = None
         return AppendResult.STORED
 
     def _evicted(self, key: _GroupKey, grp: MemoryGroup) -> None:
         st, g = key
         track = st.track
+        self._lru_drop(st, key)
         if st.pinned(g):
             self._parked[key] = grp
             self._parked_bytes += grp.nbytes
             return
+        if st.scope is not None:
+            self.scopes.evicted(st.scope)
         self.evicted_groups += 1
         self.evicted_bytes += grp.nbytes
         self._forget_group(track, st, g, grp)
 
     def _forget_group(self, track: TrackKey, st: _TrackState, g: int,
                       grp: MemoryGroup) -> None:
+        if st.scope is not None:
+            self.scopes.add(st.scope, -grp.nbytes)
         i = bisect_left(st.groups, g)
         if i < len(st.groups) and st.groups[i] == g:
             del st.groups[i]
@@ -486,6 +525,42 @@ class MemoryStore:
             self._parked_bytes -= grp.nbytes
             self._put(track, st, key, grp)
         self._maybe_forget(track, st)
+
+    # -- per-scope quotas (storage/quota.py) -----------------------------------------------
+
+    def _new_state(self, track: TrackKey) -> _TrackState:
+        return _TrackState(track, self.quotas.scope_of(track) if self.quotas else None)
+
+    def _lru_drop(self, st: _TrackState, key: _GroupKey) -> None:
+        if st.scope is not None:
+            lru = self._scope_lru.get(st.scope)
+            if lru is not None:
+                lru.pop(key, None)
+                if not lru:
+                    del self._scope_lru[st.scope]
+
+    def _own_victim(self) -> _GroupKey | None:
+        """When the tier is full: the inserting scope's LRU Group, so that it makes room
+        from its own data; None (global LRU) when it holds nothing else."""
+        key = self._inserting
+        if key is None or key[0].scope is None:
+            return None
+        lru = self._scope_lru.get(key[0].scope, {})
+        return next((k for k in lru if k != key), None)
+
+    def _enforce_quota(self, st: _TrackState, key: _GroupKey) -> None:
+        """Evict the scope's own LRU Groups (never the one just written) until it is back
+        within its quota."""
+        assert self.quotas is not None and st.scope is not None
+        limit = self.quotas.limit(st.scope, MEMORY)
+        if limit is None:
+            return
+        while self.scopes.held.get(st.scope, 0) > limit:
+            lru = self._scope_lru.get(st.scope, {})
+            victim = next((k for k in lru if k != key), None)
+            if victim is None:
+                return
+            self._evicted(victim, self._cache.pop(victim))
 
     def _complete_groups(self, track: TrackKey,
                          st: _TrackState) -> list[list[StoredObject]] | None:

@@ -69,6 +69,14 @@ class NamespaceTable:
                 if e.source is source:
                     self.remove_publisher(e)
 
+    def remove_namespace(self, namespace: TrackNamespace) -> bool:
+        """Drop every source of ``namespace`` at once (an operator's purge); listeners get
+        one NAMESPACE_DONE. False if nothing announced it."""
+        if self._publishers.pop(namespace, None) is None:
+            return False
+        self._notify(namespace, False)
+        return True
+
     def publishers_for(self, namespace: TrackNamespace) -> list[PublisherEntry]:
         """Publishers whose announced namespace is a prefix of (or equal to) ``namespace``,
         local publishers first, longest match first (§14.4: route to every matching one)."""

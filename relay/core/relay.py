@@ -62,6 +62,8 @@ class RelayOptions:
     # FILL_TIMEOUT when a fill or FETCH does not give one (seconds).
     default_fill_timeout: float = 5.0
     in_flight_wait: float = 1.0
+    # Sessions served at once (setting up included); more are refused at once. 0: no bound.
+    max_sessions: int = 0
 
 
 @dataclass
@@ -111,6 +113,7 @@ class Relay:
         self._evictions_seen = store.durable.evicted_tracks if store.durable is not None else 0
         self.sweep_every = 1024  # new Tracks between two sweeps of the registry
         self.draining = False
+        self._connections = 0  # connections admitted, SETUP pending or done
         durable = store.durable
         if durable is not None:
             for ns, _ in durable.tracks():
@@ -135,7 +138,21 @@ class Relay:
     # -- sessions ---------------------------------------------------------------------------------
 
     async def handle_connection(self, conn: Connection) -> None:
-        """The transport server's per-connection handler."""
+        """The transport server's per-connection handler; refuses sessions beyond
+        ``max_sessions`` before SETUP, so a refused one costs next to nothing."""
+        limit = self.options.max_sessions
+        if limit and self._connections >= limit:
+            self.counters.inc("sessions_refused")
+            log.warning("session refused: %d sessions open (max_sessions)", self._connections)
+            conn.close(SessionErrorCode.INTERNAL_ERROR, "too many sessions")
+            return
+        self._connections += 1
+        try:
+            await self._serve_connection(conn)
+        finally:
+            self._connections -= 1
+
+    async def _serve_connection(self, conn: Connection) -> None:
         handler = RelayHandler(self)
         try:
             session = await MoqtSession.start(conn, self.session_config, handler)

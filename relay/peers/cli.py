@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
+import ssl
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,8 +33,9 @@ from relay.transport.backend import (
 )
 
 from .connect import RelayAccess
-from .errors import EXIT_ERROR, PeerError
+from .errors import EXIT_ERROR, EXIT_USAGE, PeerError
 from .inputs import format_namespace, load_descriptor, load_key, load_tokens, parse_namespace_text
+from .progress import Progress
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -52,6 +55,9 @@ def _fail(message: str, code: int = EXIT_ERROR) -> None:
 def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # aioquic logs a refused handshake itself (no handler configured: Python's last
+        # resort prints it); the command says what went wrong in its own one line.
+        logging.getLogger("quic").setLevel(logging.CRITICAL)
         try:
             return fn(*args, **kwargs)
         except PeerError as e:
@@ -77,6 +83,8 @@ def _access(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
         raise click.UsageError("give at least one --relay URL")
     if ca is None and not insecure:
         raise click.UsageError("give --ca FILE (or --insecure for loopback development)")
+    if ca is not None and not insecure:  # --insecure never reads it
+        _check_ca(ca)
     return RelayAccess(tuple(relay), ca_file=ca, insecure=insecure, timeout=connect_ms / 1000)
 
 
@@ -92,6 +100,18 @@ def _with_quic_backend(fn: Callable[..., Any]) -> Callable[..., Any]:
         set_default_backend(client=quic_backend)
         return fn(*args, **kwargs)
     return wrapper
+
+
+def _check_ca(ca: Path) -> None:
+    """Load the CA file now: a file that is no certificate is a usage error named at once,
+    not a handshake failure (and a timeout) later."""
+    try:
+        ssl.create_default_context(cafile=str(ca))
+    except ssl.SSLError as e:
+        raise PeerError(f"--ca {ca}: not a PEM certificate ({e.reason or e})",
+                        EXIT_USAGE) from None
+    except OSError as e:
+        raise PeerError(f"--ca {ca}: {e.strerror or e}", EXIT_USAGE) from None
 
 
 def relay_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -171,6 +191,7 @@ def _segments(spec: str | None, chunk_blocks: int | None, total: int) -> list[in
               help="Also write the published cache (K/V, descriptor, tokens) as a KV file.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the publication summary as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress line (there is none off a terminal).")
 @_errors
 def publish(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms: float,
             kvfile: Path | None,
@@ -178,7 +199,7 @@ def publish(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
             tokens: Path | None, producer_key: Path | None, kid: str | None,
             extra_codec: str | None, segments: str | None, chunk_blocks: int | None,
             deterministic: bool, layer_ms: float, confirm: str, out: Path | None,
-            report: Path | None) -> None:
+            report: Path | None, quiet: bool = False) -> None:
     """Publish a KV cache to the relay(s): PUBLISH every track, PUBLISH_NAMESPACE, then the
     Objects layer by layer. Exits 0 once every relay confirmed every Object (see --confirm);
     prints the namespace and a summary. Exit codes: 0 ok, 1 error, 2 usage, 6 unconfirmed."""
@@ -217,10 +238,15 @@ def publish(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
                                deterministic=deterministic, signer=signer)
     except ValueError as e:
         raise PeerError(str(e)) from None
-    if out is not None:
+    progress = Progress("publish", plan.descriptor.layers * len(plan.segments),
+                        k.nbytes + v.nbytes, quiet=quiet)
+    try:
+        summary = asyncio.run(publish_plan(plan, access, PublishOptions(
+            layer_ms=layer_ms, confirm=confirm, on_layer=progress.layer)))
+    finally:
+        progress.close()
+    if out is not None:  # only once published: a failed publish leaves nothing behind
         write_kvfile(out, k, v, desc, tok)
-    summary = asyncio.run(publish_plan(plan, access, PublishOptions(layer_ms=layer_ms,
-                                                                    confirm=confirm)))
     doc = summary.to_json()
     if report is not None:
         report.write_text(json.dumps(doc, indent=2) + "\n")
@@ -268,6 +294,8 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="KV cache file for the reused prefix."),
         click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
                      help="JSON report: per-layer times, bytes, verification, recovery."),
+        click.option("--quiet", is_flag=True,
+                     help="No progress line (there is none off a terminal)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -279,8 +307,8 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
              descriptor: Path, scope_key: Path, tokens: Path, codec: str, joint: bool,
              require_cose: bool, keys: Path | None, namespaces: tuple[str, ...],
              index_blocks: int | None, max_blocks: int | None, recompute_ms_per_layer: float,
-             wait_ms: float | None, stall_ms: float, out: Path | None, report: Path | None
-             ) -> None:
+             wait_ms: float | None, stall_ms: float, out: Path | None, report: Path | None,
+             quiet: bool = False) -> None:
     from .subscriber import RetrieveOptions, retrieve
 
     access = _access(relay, ca, insecure, connect_ms)
@@ -295,7 +323,12 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
                            publications=pubs, max_blocks=max_blocks,
                            recompute_ms_per_layer=recompute_ms_per_layer,
                            discovery_window=window, stall_timeout=stall_ms / 1000)
-    res = asyncio.run(retrieve(opts))
+    progress = Progress("subscribe" if mode == "live" else "fetch", quiet=quiet)
+    opts.progress = progress.retrieval
+    try:
+        res = asyncio.run(retrieve(opts))
+    finally:
+        progress.close()
     if out is not None:
         write_kvfile(out, res.k, res.v, desc, res.tokens)
     if report is not None:
@@ -408,3 +441,7 @@ def register(main: click.Group) -> None:
     """Add the peer commands to the ``kvcs`` group."""
     for cmd in (publish, subscribe, fetch, prefill):
         main.add_command(cmd)
+    from .tools import inspect_file, keygen
+
+    main.add_command(inspect_file)
+    main.add_command(keygen)

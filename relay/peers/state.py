@@ -78,10 +78,13 @@ class RetrievalState:
     retries: int = 0
     duplicates: int = 0  # Objects received again (ignored): exactly-once is checkable
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
+    on_progress: Callable[[RetrievalState], None] | None = None  # e.g. a progress line
 
     # -- progress -------------------------------------------------------------------------------
 
     def bump(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self)
         self._progress.set()
         self._progress = asyncio.Event()
 

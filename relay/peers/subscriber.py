@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,7 @@ class RetrieveOptions:
     joint: bool = False
     require_cose: bool = False
     keys: KeyStore | None = None
+    progress: Callable[[RetrievalState], None] | None = None  # called as Objects arrive
     # Publications known from elsewhere (a KVSP Index record): namespace and, if the record
     # says so, how many leading blocks it shares with the prompt.
     publications: Sequence[tuple[KvcsNamespace, int | None]] = ()
@@ -117,6 +118,7 @@ async def retrieve(opts: RetrieveOptions) -> Retrieval:
         raise NotFound("the prompt is shorter than one block: nothing can be reused")
     trusted = max((n for _, n in opts.publications if n is not None), default=None)
     state = RetrievalState(d, keys, opts.codec, opts.joint, opts.tamper, trusted)
+    state.on_progress = opts.progress
     sessions = _Sessions(opts.access)
     refusals: list[str] = []
     found: list[tuple[str, Candidate]] = []

@@ -134,3 +134,34 @@ def test_json_logs_scrub_tokens(capsys: pytest.CaptureFixture[str]) -> None:
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_admin_token_file_is_read_checked_and_never_rendered(tmp_path: Path) -> None:
+    t = tmp_path / "admin.token"
+    t.write_text("  admin-secret-0123456789\n")
+    s = load({"admin_token_file": str(t)}, {})
+    assert s.admin_token == "admin-secret-0123456789"
+    assert s.relay_config().admin_token == "admin-secret-0123456789"
+    assert "admin-secret" not in render(s)
+    assert load({}, {}).relay_config().admin_token is None
+    for text in ("", "short", "two tokens-0123456789"):
+        t.write_text(text)
+        with pytest.raises(ConfigError, match="admin_token_file"):
+            load({}, {"KVCS_RELAY_ADMIN_TOKEN_FILE": str(t)})
+
+
+def test_scope_quotas_and_max_sessions(tmp_path: Path) -> None:
+    f = _file(tmp_path, 'scope_memory_bytes = 100\nmax_sessions = 7\n'
+              '[scopes."00ff"]\nmemory_bytes = 5\n[scopes."ab"]\nlmdb_bytes = 6\n')
+    s = load({}, {"KVCS_RELAY_SCOPE_LMDB_BYTES": "200"}, f)
+    cfg = s.relay_config()
+    q = cfg.scope_quotas
+    assert cfg.options.max_sessions == 7
+    assert (q.limit(b"\x00\xff", "memory"), q.limit(b"\x00\xff", "lmdb")) == (5, 200)
+    assert (q.limit(b"\xab", "memory"), q.limit(b"\xcd", "lmdb")) == (100, 200)
+    assert load({}, {}, _file(tmp_path, render(s))).scope_overrides == s.scope_overrides
+    assert load({}, {}).relay_config().scope_quotas is None
+    for text in ('[scopes."zz"]\nmemory_bytes = 1\n', '[scopes."00"]\ncolour = 1\n',
+                 '[scopes."00"]\nmemory_bytes = -1\n'):
+        with pytest.raises(ConfigError, match="scopes"):
+            load({}, {}, _file(tmp_path, text))

@@ -1,0 +1,163 @@
+"""The admin API, under ``/admin/`` on the metrics listener: ``GET /admin/state`` (what the
+relay holds) and ``POST /admin/purge`` (take publications out).
+
+It is a security boundary. It is off (404) unless an admin token is configured, whatever the
+listen address; every request must carry ``Authorization: Bearer <token>``, compared in
+constant time; a wrong or missing one is 401, changes nothing and is counted
+(``kvcs_relay_admin_unauthorized_total``). The token is never logged.
+
+Namespaces are shown and given in the CLI's printed form: the first field as text, the other
+fields in lower-case hex, joined by ``/`` (``kvcs-1/<scope>/<compat>/<anchor>/<pub>``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from relay.core.purge import known_tracks, purge, tiers_of
+from relay.moqt.primitives import FullTrackName, TrackNamespace
+
+if TYPE_CHECKING:
+    from relay.core.relay import Relay
+
+log = logging.getLogger("kvcs.admin")
+
+PREFIX = "/admin/"
+MAX_BODY = 64 * 1024  # a purge request is a few hundred bytes
+JSON = "application/json"
+Answer = tuple[int, str, bytes]
+
+
+class BadRequest(ValueError):
+    """A malformed admin request; the message is the one line the client gets back."""
+
+
+def format_namespace(ns: Sequence[bytes]) -> str:
+    """``kvcs-1/00ff…/…``: first field as text, the others lower-case hex."""
+    if not ns:
+        return ""
+    return "/".join([ns[0].decode("utf-8", "backslashreplace"), *(f.hex() for f in ns[1:])])
+
+
+def parse_namespace(text: str) -> TrackNamespace:
+    """The inverse of :func:`format_namespace`; a prefix may stop after any field."""
+    parts = text.strip().strip("/").split("/")
+    if not parts[0]:
+        raise BadRequest("prefix is empty: name at least the first field, e.g. kvcs-1")
+    try:
+        return (parts[0].encode(), *(bytes.fromhex(p) for p in parts[1:]))
+    except ValueError:
+        raise BadRequest(f"prefix {text!r}: fields after the first must be hex") from None
+
+
+def format_track_name(name: bytes) -> str:
+    """Text when printable ASCII (every KVCS name is), else ``hex:…``."""
+    if name.isascii() and name.decode().isprintable():
+        return name.decode()
+    return "hex:" + name.hex()
+
+
+def _json(status: int, doc: Any) -> Answer:
+    return status, JSON, (json.dumps(doc, indent=1) + "\n").encode()
+
+
+def _error(status: int, message: str) -> Answer:
+    return status, "text/plain", (message + "\n").encode()
+
+
+class AdminApi:
+    """Routes ``/admin/*`` requests of the metrics listener."""
+
+    def __init__(self, relay: Relay, token: str) -> None:
+        self.relay = relay
+        self._digest = hashlib.sha256(token.encode()).digest()
+
+    def authorized(self, headers: Mapping[str, str]) -> bool:
+        scheme, _, value = headers.get("authorization", "").partition(" ")
+        # compare_digest on every request, also for a missing header, and of equal-length
+        # digests: neither the token's bytes nor its length show in the timing
+        ok = hmac.compare_digest(hashlib.sha256(value.strip().encode()).digest(),
+                                 self._digest)
+        return ok and scheme.lower() == "bearer"
+
+    async def handle(self, method: str, path: str, headers: Mapping[str, str],
+                     body: bytes) -> Answer:
+        if not self.authorized(headers):
+            self.relay.counters.inc("admin_unauthorized")
+            log.warning("admin request refused: missing or wrong token (%s %s)", method, path)
+            return 401, "text/plain", b"unauthorized\n"
+        if path == PREFIX + "state":
+            if method not in ("GET", "HEAD"):
+                return _error(405, "use GET")
+            return _json(200, self.state())
+        if path == PREFIX + "purge":
+            if method != "POST":
+                return _error(405, "use POST")
+            try:
+                prefix = _purge_prefix(body)
+            except BadRequest as e:
+                return _error(400, str(e))
+            return _json(200, await self.purge(prefix))
+        return _error(404, "not found")
+
+    def state(self) -> dict[str, Any]:
+        relay = self.relay
+        sessions: dict[str, int] = {"quic": 0, "webtransport": 0}
+        for s in list(relay.sessions):
+            t = getattr(s.conn, "transport", "quic")
+            sessions[t] = sessions.get(t, 0) + 1
+        sessions["total"] = sum(sessions.values())
+        keys = sorted(known_tracks(relay))
+        tracks = [self._track(k) for k in keys]
+        scopes: dict[str, dict[str, int]] = {}
+        for k, t in zip(keys, tracks, strict=True):
+            sc = scopes.setdefault(k[0][1].hex() if len(k[0]) > 1 else "", {"tracks": 0})
+            sc["tracks"] += 1
+            for tier, n in t["bytes"].items():
+                sc[f"{tier}_bytes"] = sc.get(f"{tier}_bytes", 0) + n
+        return {"sessions": sessions,
+                "scopes": [{"scope": s, **v} for s, v in sorted(scopes.items())],
+                "namespaces": sorted(format_namespace(ns) for ns in relay.namespaces.namespaces()),
+                "tracks": tracks}
+
+    def _track(self, key: tuple[TrackNamespace, bytes]) -> dict[str, Any]:
+        relay = self.relay
+        rt = relay.tracks.get(FullTrackName(*key))
+        tiers = tiers_of(relay, key)
+        largest = rt.largest() if rt is not None else relay.store.largest_object(key)
+        return {"namespace": format_namespace(key[0]), "name": format_track_name(key[1]),
+                "tiers": sorted(tiers), "bytes": tiers,
+                "complete": relay.store.is_complete(key),
+                "live": bool(rt is not None and rt.live),
+                "largest_object": list(largest) if largest is not None else None,
+                "subscribers": len(rt.forwarders) if rt is not None else 0}
+
+    async def purge(self, prefix: TrackNamespace) -> dict[str, Any]:
+        res = await purge(self.relay, prefix)
+        log.info("admin purge of %s: %d tracks removed, %d subscriptions ended",
+                 format_namespace(prefix), len(res.removed), res.subscriptions_ended)
+        return {"prefix": format_namespace(prefix),
+                "removed": [{"namespace": format_namespace(r.key[0]),
+                             "name": format_track_name(r.key[1]), "tiers": r.tiers,
+                             "bytes": r.bytes} for r in res.removed],
+                "subscriptions_ended": res.subscriptions_ended,
+                "namespaces_done": [format_namespace(ns) for ns in res.namespaces_done]}
+
+
+def _purge_prefix(body: bytes) -> TrackNamespace:
+    try:
+        doc = json.loads(body or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest('body is not JSON: expected {"prefix": "kvcs-1/<hex>/..."}') from None
+    if not isinstance(doc, dict) or set(doc) != {"prefix"} or not isinstance(doc["prefix"], str):
+        raise BadRequest('expected {"prefix": "kvcs-1/<hex>/..."} and nothing else')
+    return parse_namespace(doc["prefix"])
+
+
+__all__ = ["AdminApi", "BadRequest", "format_namespace", "format_track_name",
+           "parse_namespace"]

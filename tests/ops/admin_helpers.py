@@ -1,0 +1,56 @@
+"""An in-process relay with the admin API on, and a tiny HTTP/1.1 client for it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+from relay_helpers import TIMEOUT, client, group_payloads, push_track
+
+from relay.moqt.primitives import FullTrackName
+from relay.service import RelayConfig, RunningRelay, start_relay
+
+TOKEN = "admin-token-0123456789abcdef"
+
+
+async def admin_relay(tmp: Path, token: str | None = TOKEN, **kw: Any) -> RunningRelay:
+    kw.setdefault("memory_bytes", 64 << 20)
+    kw.setdefault("lmdb_bytes", 64 << 20)
+    cfg = RelayConfig(listen_port=0, data_dir=tmp, metrics_listen=("127.0.0.1", 0),
+                      admin_token=token, **kw)
+    return await start_relay(cfg)
+
+
+async def http(port: int, method: str, path: str, token: str | None = TOKEN,
+               body: bytes = b"") -> tuple[int, str]:
+    async with asyncio.timeout(TIMEOUT):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        auth = f"Authorization: Bearer {token}\r\n" if token is not None else ""
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        data = await reader.read()
+        writer.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), rest.decode()
+
+
+async def purge(port: int, prefix: str, token: str | None = TOKEN) -> tuple[int, Any]:
+    code, text = await http(port, "POST", "/admin/purge", token,
+                            json.dumps({"prefix": prefix}).encode())
+    return code, json.loads(text) if code == 200 else text
+
+
+async def committed_track(r: RunningRelay, name: FullTrackName, groups: int = 2,
+                          size: int = 2000) -> None:
+    """Publish ``name`` (``groups`` Groups of 3 Objects), wait until it is in LMDB."""
+    pub = await client(r)
+    t = await push_track(pub, name, layers=groups)
+    for g in range(groups):
+        await t.group(g, group_payloads(g, 3, size))
+    await t.end()
+    assert await r.relay.wait_committed(name, TIMEOUT)
+    await pub.aclose()

@@ -1,0 +1,204 @@
+"""The admin API (/admin/state, /admin/purge) of a real relay over real QUIC and LMDB: off
+without a token, 401 and nothing changed with a wrong one, purge ends subscriptions and
+namespaces and survives a restart; `kvcs admin` is a thin client of it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from admin_helpers import TOKEN, admin_relay, committed_track, http, purge
+from test_ops_metrics import scrape, val
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+from relay_helpers import (
+    TIMEOUT,
+    client,
+    drain,
+    fetch_objects,
+    group_payloads,
+    live_params,
+    make_ns,
+    push_track,
+    wait_cached,
+)
+
+from relay.admin import format_namespace
+from relay.moqt.codes import PublishDoneCode, RequestErrorCode
+from relay.moqt.primitives import FullTrackName, Location
+from relay.session import RequestRejected
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def _fetch_refused(r: object, name: FullTrackName) -> int:
+    s = await client(r)  # type: ignore[arg-type]
+    try:
+        await fetch_objects(s, name)
+    except RequestRejected as e:
+        return int(e.code)
+    finally:
+        await s.aclose()
+    return -1
+
+
+async def test_admin_is_off_without_a_token(tmp_path: Path) -> None:
+    r = await admin_relay(tmp_path, token=None)
+    try:
+        assert r.metrics_port is not None
+        assert (await http(r.metrics_port, "GET", "/admin/state"))[0] == 404
+        assert (await purge(r.metrics_port, "kvcs-1"))[0] == 404
+    finally:
+        await r.close()
+
+
+async def test_wrong_or_missing_token_is_401_changes_nothing_and_is_counted(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    r = await admin_relay(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        port = r.metrics_port
+        assert port is not None
+        await committed_track(r, name)
+        for token in (None, "", "wrong-token-0123456789abcdef", TOKEN[:-1], TOKEN + "x"):
+            assert (await http(port, "GET", "/admin/state", token))[0] == 401
+            assert (await purge(port, format_namespace(name.namespace), token))[0] == 401
+        s = await client(r)
+        _, objs = await fetch_objects(s, name)  # the refused purges removed nothing
+        assert len(objs) == 6
+        await s.aclose()
+        assert val(await scrape(r), "kvcs_relay_admin_unauthorized_total") == 10
+        assert val(await scrape(r), "kvcs_relay_admin_purged_tracks_total") == 0
+        # the scheme matters too, not only the value
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET /admin/state HTTP/1.1\r\nAuthorization: Basic {TOKEN}\r\n\r\n"
+                     .encode())
+        assert (await asyncio.wait_for(reader.read(), TIMEOUT)).startswith(b"HTTP/1.1 401")
+        writer.close()
+        assert (await http(port, "GET", "/admin/state"))[0] == 200
+    finally:
+        await r.close()
+    assert TOKEN not in caplog.text
+
+
+async def test_state_then_purge_ends_subscriptions_and_namespaces_also_after_restart(
+        tmp_path: Path) -> None:
+    r = await admin_relay(tmp_path)
+    ns_a, ns_b = make_ns(), make_ns()
+    done_a = [FullTrackName(ns_a, b"k.raw.s0"), FullTrackName(ns_a, b"v.raw.s0")]
+    live_a = FullTrackName(ns_a, b"kv.raw.s0")
+    kept = FullTrackName(ns_b, b"k.raw.s0")
+    text_a = format_namespace(ns_a)
+    try:
+        port = r.metrics_port
+        assert port is not None
+        for name in (*done_a, kept):
+            await committed_track(r, name)
+        watcher = await client(r)
+        events = aiter(await asyncio.wait_for(watcher.subscribe_namespace((b"kvcs-1",)),
+                                              TIMEOUT))
+        pub = await client(r)
+        live = await push_track(pub, live_a, layers=3)
+        await live.group(0, group_payloads(0, 2))
+        await wait_cached(r, live_a, Location(0, 1))
+        sub_s = await client(r)
+        sub = await asyncio.wait_for(sub_s.subscribe(ns_a, live_a.name, live_params()), TIMEOUT)
+        collected = asyncio.ensure_future(drain(sub))
+
+        code, text = await http(port, "GET", "/admin/state")
+        assert code == 200
+        state = json.loads(text)
+        assert state["sessions"]["quic"] == 3 and state["sessions"]["total"] == 3
+        assert {text_a, format_namespace(ns_b)} <= set(state["namespaces"])
+        by_name = {(t["namespace"], t["name"]): t for t in state["tracks"]}
+        t = by_name[(text_a, "k.raw.s0")]
+        assert t["tiers"] == ["lmdb", "memory"] and t["complete"] and not t["live"]
+        assert t["largest_object"] == [2, 0] and t["bytes"]["lmdb"] > 6 * 2000
+        t = by_name[(text_a, "kv.raw.s0")]
+        assert t["live"] and not t["complete"] and t["subscribers"] == 1
+        assert t["tiers"] == ["memory"]
+        assert {s["scope"] for s in state["scopes"]} == {ns_a[1].hex(), ns_b[1].hex()}
+
+        code, doc = await purge(port, text_a)
+        assert code == 200
+        assert sorted(x["name"] for x in doc["removed"]) == ["k.raw.s0", "kv.raw.s0",
+                                                            "v.raw.s0"]
+        assert doc["subscriptions_ended"] == 1 and doc["namespaces_done"] == [text_a]
+        got = await asyncio.wait_for(collected, TIMEOUT)
+        assert got.done is not None and got.done.status == PublishDoneCode.EXPIRED
+        seen: list[tuple[tuple[bytes, ...], bool]] = []
+        async with asyncio.timeout(TIMEOUT):
+            while (ns_a, False) not in seen:
+                ev = await anext(events)
+                seen.append((ev.namespace, ev.active))
+        for name in (*done_a, live_a):
+            assert await _fetch_refused(r, name) == RequestErrorCode.DOES_NOT_EXIST
+        s = await client(r)
+        assert len((await fetch_objects(s, kept))[1]) == 6
+        await s.aclose()
+        assert val(await scrape(r), "kvcs_relay_admin_purged_tracks_total") == 3
+
+        nothing = "kvcs-1/" + os.urandom(32).hex()
+        assert await purge(port, nothing) == (200, {
+            "prefix": nothing, "removed": [], "subscriptions_ended": 0, "namespaces_done": []})
+        for bad in (b"not json", b'{"prefix": 3}', b'{"prefix": "kvcs-1/zz"}', b"{}",
+                    b'{"prefix": ""}'):
+            code, text = await http(port, "POST", "/admin/purge", body=bad)
+            assert code == 400 and len(text.strip().splitlines()) == 1, (bad, text)
+        for c in (watcher, pub, sub_s):
+            await c.aclose()
+    finally:
+        await r.close()
+    r2 = await admin_relay(tmp_path)
+    try:
+        assert await _fetch_refused(r2, done_a[0]) == RequestErrorCode.DOES_NOT_EXIST
+        assert r2.metrics_port is not None
+        state = json.loads((await http(r2.metrics_port, "GET", "/admin/state"))[1])
+        assert {t["namespace"] for t in state["tracks"]} == {format_namespace(ns_b)}
+        assert text_a not in state["namespaces"]
+    finally:
+        await r2.close()
+
+
+async def _kvcs(*args: str) -> tuple[int, str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "relay.cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(p.communicate(), 30)
+    assert p.returncode is not None
+    return p.returncode, out.decode(), err.decode()
+
+
+async def test_kvcs_admin_client(tmp_path: Path) -> None:
+    r = await admin_relay(tmp_path / "relay")
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    good, bad = tmp_path / "admin.token", tmp_path / "wrong.token"
+    good.write_text(TOKEN + "\n")
+    bad.write_text("not-the-admin-token-at-all\n")
+    try:
+        await committed_track(r, name)
+        url = f"http://127.0.0.1:{r.metrics_port}"
+        code, out, err = await _kvcs("admin", "state", "--relay-admin", url,
+                                     "--token-file", str(good))
+        assert code == 0, err
+        assert json.loads(out)["tracks"][0]["name"] == "k.raw.s0"
+        code, out, err = await _kvcs("admin", "purge", "--relay-admin", url,
+                                     "--token-file", str(bad), "--prefix", "kvcs-1")
+        assert code == 3 and err.count("\n") == 1 and "401" in err
+        code, out, err = await _kvcs("admin", "purge", "--relay-admin", url, "--token-file",
+                                     str(good), "--prefix", format_namespace(name.namespace))
+        assert code == 0, err
+        assert [x["name"] for x in json.loads(out)["removed"]] == ["k.raw.s0"]
+        code, out, err = await _kvcs("admin", "purge", "--relay-admin", url, "--token-file",
+                                     str(good), "--prefix", "kvcs-1/zz")
+        assert code == 1 and err.startswith("error: ") and err.count("\n") == 1
+        assert "Traceback" not in err
+    finally:
+        await r.close()

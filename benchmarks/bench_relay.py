@@ -1,23 +1,26 @@
-"""Through the relay vs direct, in the same run: 1 publisher → relay → 1 and → 8 subscribers,
-32 KiB Objects, L layers × B blocks (default 8 × 64 = 16 MiB per Track; set
-BENCH_RELAY_LAYERS=32 BENCH_RELAY_BLOCKS=256 for the full 256 MiB KVCS shape), plus FETCH of
-the completed publication served from memory vs from LMDB.
+"""The relay on both QUIC backends, side by side in one run: 1 publisher -> relay -> 1 and
+-> 8 subscribers, and FETCH of the completed publication from memory and from LMDB, at 1200-
+and 8952-byte datagrams; plus the same 1 -> 1 and 1 -> 8 through the moq-rs wheel's own
+server (``benchmarks/_moqrs.py``), the relay a user would pick instead.
 
-The relay runs as its own process (``kvcs relay``), as deployed; publisher and subscribers
-share this one. "direct" is the publisher → subscriber session with no relay
-(bench_session's setup), so
-``relay_ratio`` = relay throughput per subscriber / direct throughput. Latency is per Object:
-publisher write → subscriber receipt (both ends in this process, one clock).
+32 KiB Objects, L layers x B blocks (default 8 x 64 = 16 MiB per Track; BENCH_RELAY_LAYERS /
+BENCH_RELAY_BLOCKS change it). The relay runs as its own process (``kvcs relay
+--quic-backend ...``), as deployed; each subscriber runs in its own process
+(``benchmarks/_subscriber.py``) on the same backend; the publisher and the FETCH client run
+here. ``qh3/aioquic`` is the ratio per row. Latency is per Object: the publisher writes its
+send time into the payload, the subscriber subtracts it from the receipt time.
 Run: ``python -m benchmarks relay``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -25,12 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._report import report
-from benchmarks.bench_session import _session
 from relay.moqt.codes import ObjectStatus
-from relay.moqt.location_filter import LocationFilter
-from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName
-from relay.session import MoqtSession, ReceivedObject, open_session
+from relay.session import MoqtSession, open_session
 from relay.transport import QuicSettings
 
 MiB = 1024 * 1024
@@ -41,9 +41,12 @@ class _RelayProcess:
     """``kvcs relay`` in its own process (as deployed): the relay gets its own core, so the
     comparison with the direct path is not skewed by sharing one Python thread."""
 
-    def __init__(self, data_dir: Path, size: int) -> None:
+    def __init__(self, data_dir: Path, size: int, backend: str = "aioquic",
+                 extra: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
         self.size = size
+        self.backend = backend
+        self.extra = extra
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
 
@@ -51,7 +54,8 @@ class _RelayProcess:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "relay.cli", "relay", "--listen", "127.0.0.1:0",
             "--data-dir", str(self.data_dir), "--max-datagram-size", str(self.size),
-            "--memory-bytes", str(2 << 30),
+            "--memory-bytes", str(2 << 30), "--quic-backend", self.backend,
+            "--metrics-listen", "off", *self.extra,
             stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL)
         assert self.proc.stderr is not None
         async with asyncio.timeout(30):
@@ -89,59 +93,74 @@ class _RelayProcess:
 
 
 async def _client(r: _RelayProcess, size: int) -> MoqtSession:
-    return await open_session(r.url, settings=QuicSettings(max_datagram_size=size),
+    return await open_session(r.url, settings=QuicSettings(max_datagram_size=size,
+                                                           backend=r.backend),
                               ca_file=r.certfile)
 
 
-async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: int
-                  ) -> tuple[float, float]:
+_STAMP = struct.Struct("<d")
+
+
+async def _subscriber(r: _RelayProcess, name: FullTrackName, total: int
+                      ) -> asyncio.subprocess.Process:
+    ns = "/".join(f.hex() for f in name.namespace)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks._subscriber", r.url, str(r.certfile), ns,
+        name.name.decode(), str(total), str(r.size), r.backend,
+        stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    async with asyncio.timeout(60):
+        line = await proc.stdout.readline()
+    if line.strip() != b"ready":
+        raise RuntimeError(f"subscriber did not start: {line!r}")
+    return proc
+
+
+async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: int,
+                  backend: str) -> tuple[float, float]:
     """(MB/s per subscriber, median per-Object latency ms) through one relay."""
     name = FullTrackName((b"kvcs-1", os.urandom(32), b"bench"), b"k.raw.s0")
-    payload = os.urandom(OBJECT)
-    sent_at: dict[tuple[int, int], float] = {}
-    async with _RelayProcess(tmp, size) as r:
+    payload = bytearray(os.urandom(OBJECT))
+    total = layers * blocks
+    async with _RelayProcess(tmp, size, backend) as r:
         pub = await _client(r, size)
         await pub.publish_namespace(name.namespace)
         served = await pub.publish(name.namespace, name.name)
-        subs = []
-        for _ in range(subscribers):
-            s = await _client(r, size)
-            subs.append(await s.subscribe(name.namespace, name.name, Params(
-                location_filter=LocationFilter.next_object())))
-        total = layers * blocks
-        latencies: list[float] = []
-
-        async def consume(sub: Any) -> float:
-            got = 0
-            async for ev in sub:
-                if isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
-                    latencies.append(time.perf_counter() - sent_at[(ev.group, ev.object_id)])
-                    got += 1
-                    if got == total:
-                        return time.perf_counter()
-            raise RuntimeError("subscription ended early")
-
-        consumers = [asyncio.ensure_future(consume(s)) for s in subs]
-        t0 = time.perf_counter()
-        for g in range(layers):
-            w = await served.open_subgroup(g, 0, (128 * g) // layers)
-            for i in range(blocks):
-                sent_at[(g, i)] = time.perf_counter()
-                await w.write_object(i, payload)
-            await w.write_status(blocks, ObjectStatus.END_OF_GROUP, fin=True)
-        ends = await asyncio.wait_for(asyncio.gather(*consumers), 600)
-        nbytes = total * OBJECT
-        mbps = statistics.mean(nbytes / (t - t0) / 1e6 for t in ends)
-        return mbps, statistics.median(latencies) * 1000
+        procs = [await _subscriber(r, name, total) for _ in range(subscribers)]
+        try:
+            t0 = time.time()
+            for g in range(layers):
+                w = await served.open_subgroup(g, 0, (128 * g) // layers)
+                for i in range(blocks):
+                    _STAMP.pack_into(payload, 0, time.time())
+                    await w.write_object(i, bytes(payload))
+                await w.write_status(blocks, ObjectStatus.END_OF_GROUP, fin=True)
+            results = []
+            async with asyncio.timeout(600):
+                for p in procs:
+                    assert p.stdout is not None
+                    out = json.loads(await p.stdout.readline())
+                    assert out["bytes"] == total * OBJECT, out
+                    results.append(out)
+        finally:
+            for p in procs:
+                if p.returncode is None:
+                    p.kill()
+                await p.wait()
+        await pub.aclose()
+    nbytes = total * OBJECT
+    mbps = statistics.mean(nbytes / (o["end"] - t0) / 1e6 for o in results)
+    return mbps, statistics.median(o["latency_ms"] for o in results)
 
 
-async def fetch_tiers(tmp: Path, size: int, layers: int, blocks: int) -> tuple[float, float]:
+async def fetch_tiers(tmp: Path, size: int, layers: int, blocks: int, backend: str
+                      ) -> tuple[float, float]:
     """(MB/s FETCH from memory, MB/s FETCH from LMDB) of a completed Track: the first FETCH
     right after publication (memory), the second after a relay restart (LMDB only)."""
     name = FullTrackName((b"kvcs-1", os.urandom(32), b"bench-fetch"), b"v.raw.s0")
     payload = os.urandom(OBJECT)
     rates = []
-    async with _RelayProcess(tmp, size) as r:
+    async with _RelayProcess(tmp, size, backend) as r:
         pub = await _client(r, size)
         await pub.publish_namespace(name.namespace)
         served = await pub.publish(name.namespace, name.name)
@@ -155,11 +174,9 @@ async def fetch_tiers(tmp: Path, size: int, layers: int, blocks: int) -> tuple[f
         await served.done()
         rates.append(await _fetch_all(r, name, size, layers * blocks))
         await pub.aclose()
-    async with _RelayProcess(tmp, size) as r:
+    async with _RelayProcess(tmp, size, backend) as r:
         rates.append(await _fetch_all(r, name, size, layers * blocks))
     return rates[0], rates[1]
-
-
 async def _fetch_all(r: _RelayProcess, name: FullTrackName, size: int, total: int) -> float:
     c = await _client(r, size)
     t0 = time.perf_counter()
@@ -176,31 +193,65 @@ async def _fetch_all(r: _RelayProcess, name: FullTrackName, size: int, total: in
     return total * OBJECT / dt / 1e6
 
 
-async def _run(size: int, layers: int, blocks: int) -> list[list[Any]]:
+BACKENDS = ("aioquic", "qh3")
+
+
+async def _run(sizes: list[int], layers: int, blocks: int, fanouts: list[int]
+               ) -> list[list[Any]]:
     rows = []
     with tempfile.TemporaryDirectory() as d:
-        direct, _, _ = await _session(layers * blocks * OBJECT, size)
-        for n in (1, 8):
-            mbps, lat = await fan_out(Path(d) / f"fan{n}", size, layers, blocks, n)
-            rows.append([f"relay 1->{n}", size, round(direct, 1), round(mbps, 1),
-                         round(mbps / direct, 3), round(lat, 1)])
-        mem, lmdb = await fetch_tiers(Path(d) / "fetch", size, layers, blocks)
-        rows.append(["FETCH memory", size, round(direct, 1), round(mem, 1),
-                     round(mem / direct, 3), ""])
-        rows.append(["FETCH lmdb", size, round(direct, 1), round(lmdb, 1),
-                     round(lmdb / direct, 3), ""])
+        for size in sizes:
+            res: dict[str, dict[str, tuple[float, Any]]] = {b: {} for b in BACKENDS}
+            for backend in BACKENDS:
+                tmp = Path(d) / f"{backend}-{size}"
+                for n in fanouts:
+                    res[backend][f"relay 1->{n}"] = await fan_out(
+                        tmp / f"fan{n}", size, layers, blocks, n, backend)
+                mem, lmdb = await fetch_tiers(tmp / "fetch", size, layers, blocks, backend)
+                res[backend]["FETCH memory"] = (mem, "")
+                res[backend]["FETCH lmdb"] = (lmdb, "")
+            for case in res["aioquic"]:
+                (a, a_lat), (q, q_lat) = res["aioquic"][case], res["qh3"][case]
+                rows.append([case, size, round(a, 1), round(q, 1), round(q / a, 2),
+                             _ms(a_lat), _ms(q_lat)])
+    return rows
+
+
+def _ms(v: Any) -> Any:
+    return round(v, 1) if isinstance(v, float) else v
+
+
+async def _moqrs_rows(layers: int, blocks: int, fanouts: list[int],
+                      qh3_rows: list[list[Any]]) -> list[list[Any]]:
+    """The same fan-out through moq-rs's own server, next to our qh3 relay at 1200 bytes."""
+    from benchmarks import _moqrs
+
+    rows = []
+    for n in fanouts:
+        r = await _moqrs.moqrs_fanout(layers * blocks * OBJECT, OBJECT, n, layers)
+        ours = next((row[3] for row in qh3_rows if row[0] == f"relay 1->{n}"
+                     and row[1] == 1200), None)
+        rows.append([f"moq-rs server 1->{n}", "~1200", "", round(r["mbps_per_subscriber"], 1),
+                     round(ours / r["mbps_per_subscriber"], 2) if ours else "",
+                     "", round(r["median_latency_ms"], 1)])
     return rows
 
 
 def main() -> None:
     layers = int(os.environ.get("BENCH_RELAY_LAYERS", "8"))
     blocks = int(os.environ.get("BENCH_RELAY_BLOCKS", "64"))
-    size = int(os.environ.get("BENCH_RELAY_DATAGRAM", "8952"))
-    rows = asyncio.run(_run(size, layers, blocks))
-    report("relay", ["case", "max_datagram_size", "direct_MB/s", "MB/s_per_subscriber",
-                     "ratio_to_direct", "median_latency_ms"], rows,
+    sizes = [int(x) for x in os.environ.get("BENCH_RELAY_SIZES", "1200,8952").split(",")]
+    fanouts = [int(x) for x in os.environ.get("BENCH_RELAY_FANOUT", "1,8").split(",")]
+    rows = asyncio.run(_run(sizes, layers, blocks, fanouts))
+    if os.environ.get("BENCH_RELAY_MOQRS", "1") == "1":
+        rows += asyncio.run(_moqrs_rows(layers, blocks, fanouts, rows))
+    report("relay", ["case", "max_datagram_size", "aioquic_MB/s", "qh3_MB/s",
+                     "qh3/aioquic", "aioquic_latency_ms", "qh3_latency_ms"], rows,
            extra={"layers": layers, "blocks": blocks, "object_bytes": OBJECT,
-                  "note": "direct = publisher->subscriber session without a relay, same run"})
+                  "note": "MB/s per subscriber; relay and each subscriber in their own "
+                          "process, publisher and FETCH client in the benchmark's; moq-rs "
+                          "rows: qh3_MB/s column holds moq-rs's figure and qh3/aioquic "
+                          "holds our qh3 relay / moq-rs at 1200 bytes"})
 
 
 if __name__ == "__main__":

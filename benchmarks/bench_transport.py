@@ -80,17 +80,18 @@ async def _raw(nbytes: int, max_datagram_size: int) -> tuple[float, float]:
 
 
 async def transport_throughput(nbytes: int, max_datagram_size: int,
-                               scheme: str = "moqt", chunk: int = MiB) -> float:
+                               scheme: str = "moqt", chunk: int = MiB,
+                               backend: str = "aioquic") -> float:
     """MB/s of the same transfer through relay.transport (raw QUIC or WebTransport)."""
-    return (await _transport(nbytes, max_datagram_size, scheme, chunk))[0]
+    return (await _transport(nbytes, max_datagram_size, scheme, chunk, backend))[0]
 
 
 async def _transport(nbytes: int, max_datagram_size: int, scheme: str = "moqt",
-                     chunk: int = MiB) -> tuple[float, float]:
+                     chunk: int = MiB, backend: str = "aioquic") -> tuple[float, float]:
     certs = ensure_self_signed(_CERTS)
     loop = asyncio.get_running_loop()
     done: asyncio.Future[tuple[float, float, int]] = loop.create_future()
-    settings = QuicSettings(max_datagram_size=max_datagram_size)
+    settings = QuicSettings(max_datagram_size=max_datagram_size, backend=backend)
 
     async def handler(conn: Any) -> None:
         inc = await conn.accept()
@@ -121,40 +122,51 @@ async def _transport(nbytes: int, max_datagram_size: int, scheme: str = "moqt",
     return nbytes / (t1 - t0) / 1e6, nbytes / (c1 - c0) / 1e6
 
 
+KINDS = ("raw", "aioquic/quic", "qh3/quic", "aioquic/wt", "qh3/wt")
+
+
+async def _one(key: str, nbytes: int, size: int) -> tuple[float, float]:
+    if key == "raw":
+        return await _raw(nbytes, size)
+    backend, kind = key.split("/")
+    return await _transport(nbytes, size, "moqt" if kind == "quic" else "https",
+                            backend=backend)
+
+
 async def _run(nbytes: int, sizes: list[int], repeats: int) -> list[list[Any]]:
     rows = []
     for size in sizes:
-        wall = {"raw": 0.0, "quic": 0.0, "wt": 0.0}
+        wall = dict.fromkeys(KINDS, 0.0)
         cpu = dict(wall)
         # Interleaved in rotating order, best of N: load from other processes and
-        # leftovers of the previous run (garbage, socket buffers) hit all three alike.
-        kinds = ["raw", "quic", "wt"]
+        # leftovers of the previous run (garbage, socket buffers) hit all of them alike.
         for i in range(repeats):
-            for key in kinds[i % 3:] + kinds[:i % 3]:
+            k = i % len(KINDS)
+            for key in KINDS[k:] + KINDS[:k]:
                 gc.collect()
-                run = (_raw(nbytes, size) if key == "raw" else
-                       _transport(nbytes, size, "moqt" if key == "quic" else "https"))
-                w, c = await run
+                w, c = await _one(key, nbytes, size)
                 wall[key], cpu[key] = max(wall[key], w), max(cpu[key], c)
-        rows.append([size, nbytes // MiB,
-                     round(wall["raw"], 1), round(wall["quic"], 1), round(wall["wt"], 1),
-                     round(wall["quic"] / wall["raw"], 3), round(wall["wt"] / wall["raw"], 3),
-                     round(cpu["quic"] / cpu["raw"], 3), round(cpu["wt"] / cpu["raw"], 3)])
+        for kind in ("quic", "wt"):
+            a, q = f"aioquic/{kind}", f"qh3/{kind}"
+            rows.append([size, kind, nbytes // MiB, round(wall["raw"], 1),
+                         round(wall[a], 1), round(wall[q], 1),
+                         round(wall[a] / wall["raw"], 3), round(wall[q] / wall[a], 2),
+                         round(cpu[q] / cpu[a], 2)])
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     nbytes = int(os.environ.get("BENCH_TRANSPORT_MB", "32")) * MiB
-    repeats = int(os.environ.get("BENCH_TRANSPORT_REPEATS", "6"))
+    repeats = int(os.environ.get("BENCH_TRANSPORT_REPEATS", "5"))
     sizes = [int(x) for x in os.environ.get("BENCH_TRANSPORT_SIZES", "1200,8952").split(",")]
     rows = asyncio.run(_run(nbytes, sizes, repeats))
     report("transport",
-           ["max_datagram_size", "MiB", "raw_aioquic_MB/s", "quic_MB/s", "wt_MB/s",
-            "quic_ratio", "wt_ratio", "quic_cpu_ratio", "wt_cpu_ratio"],
+           ["max_datagram_size", "transport", "MiB", "raw_aioquic_MB/s", "aioquic_MB/s",
+            "qh3_MB/s", "aioquic/raw", "qh3/aioquic", "qh3/aioquic_cpu"],
            rows, extra={"note": f"best of {repeats} interleaved runs, one stream, loopback, "
-                                "both ends in one process; *_cpu_ratio compares bytes per "
-                                "CPU-second (robust to other load), target >= 0.95"})
+                                "both ends in one process, both ends on the named backend; "
+                                "*_cpu compares bytes per CPU-second (robust to other load)"})
 
 
 if __name__ == "__main__":

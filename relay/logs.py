@@ -65,8 +65,9 @@ def setup(level: str = "INFO", fmt: str = "text", secrets: Iterable[str] = ()) -
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    # aioquic logs every connection event at INFO; keep the relay's own lines readable.
-    logging.getLogger("quic").setLevel(max(logging.WARNING, root.level))
+    # aioquic logs every connection event at INFO and qh3 every peer close at WARNING (both
+    # as "quic"); sessions ending is the relay's to report, so keep its own lines readable.
+    logging.getLogger("quic").setLevel(max(logging.ERROR, root.level))
 
 
 __all__ = ["JsonFormatter", "setup"]

@@ -1,4 +1,5 @@
-"""The project's only seam onto aioquic: MOQT byte streams over raw QUIC and WebTransport.
+"""The project's only seam onto QUIC: MOQT byte streams over raw QUIC and WebTransport, on
+aioquic (default) or qh3 (``QuicSettings(backend="qh3")``; docs/transport.md).
 
 Public API::
 
@@ -15,9 +16,10 @@ Operational behaviour (details in the module docstrings):
 * Memory is bounded both ways. Sending: ``write`` waits while a stream has more than
   ``send_buffer_high`` unsent bytes or the connection more than
   ``connection_send_buffer_high``. Receiving: flow-control credit is returned only as
-  the application reads (``_quic.py``), so an unread stream buffers at most
+  the application reads (aioquic, ``_aioquic.py``), so an unread stream buffers at most
   ``max_stream_data`` and all unread streams together at most ``max_data``; stream
-  credit (MAX_STREAMS) is held for streams not yet ``accept()``-ed.
+  credit (MAX_STREAMS) is held for streams not yet ``accept()``-ed. On qh3 the same bound
+  holds by stopping an over-full stream instead (``_qh3.py``).
 * ``max_datagram_size`` is capped at 16384: aioquic encodes frame lengths in 2 bytes.
 * Raw QUIC and WebTransport share one UDP port (ALPN ``moqt-22`` vs ``h3``); 0-RTT is
   never accepted. Keepalive PINGs keep idle sessions open (aioquic sends none).

@@ -93,6 +93,7 @@ def test_statefulset_service_probes_and_relay_config() -> None:
         KEY_BY_NAME[name].parse(raw)  # each value parses as the relay will parse it
     grace = pod["terminationGracePeriodSeconds"]
     assert grace > conf["drain_timeout"]
+    assert conf["quic_backend"] == "qh3"  # the chart's default, as the image
 
 
 def _dockerfile() -> list[tuple[str, str]]:
@@ -133,3 +134,8 @@ def test_dockerfile_refers_to_what_the_repository_has() -> None:
     assert "/var/lib/kvcs" in volume and "KVCS_RELAY_DATA_DIR=/var/lib/kvcs" in env
     health = next(rest for op, rest in instr if op == "HEALTHCHECK")
     assert "/healthz" in health and "/healthz" in (ROOT / "relay" / "metrics.py").read_text()
+    # production runs on qh3: the image installs the fast extra and selects it
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert any("'.[fast]'" in rest for op, rest in instr if op == "RUN") and "fast" in extras
+    assert "KVCS_RELAY_QUIC_BACKEND=qh3" in env

@@ -1,0 +1,119 @@
+"""The backend seam: only relay/transport touches a QUIC library, and the few private
+members each backend relies on still exist (these fail loudly on a library upgrade)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relay.transport import QuicSettings, connect
+from relay.transport.backend import (
+    BACKENDS,
+    BackendUnavailable,
+    available_backends,
+    get_backend,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+QUIC_LIBRARIES = ("aioquic", "qh3")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_only_the_transport_imports_a_quic_library() -> None:
+    offenders = []
+    for folder in ("relay", "storage", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.is_relative_to(ROOT / "relay" / "transport"):
+                continue
+            bad = _imports(path) & set(QUIC_LIBRARIES)
+            if bad:
+                offenders.append(f"{path.relative_to(ROOT)}: {sorted(bad)}")
+    assert offenders == []
+    # and within the transport, each library only in its own backend module
+    for path in sorted((ROOT / "relay" / "transport").glob("*.py")):
+        for lib in _imports(path) & set(QUIC_LIBRARIES):
+            assert path.name == f"_{lib}.py", f"{path.name} imports {lib}"
+
+
+def test_both_backends_are_installed() -> None:
+    # `make` installs the fast extra: a missing qh3 must fail here, not skip tests
+    assert available_backends() == list(BACKENDS)
+
+
+def _fresh(name: str) -> object:
+    backend = get_backend(name)
+    return backend.connection(backend.configuration(QuicSettings(), True, ["moqt-22"]))
+
+
+def _h3_uses(h3_class: type, name: str) -> bool:
+    return name in h3_class.__init__.__code__.co_names
+
+
+def test_aioquic_private_members_still_exist() -> None:
+    from aioquic.h3.connection import H3Connection
+    from aioquic.quic.connection import QuicConnection
+
+    from relay.transport import _aioquic
+
+    quic = _fresh("aioquic")
+    for name in _aioquic.PRIVATE_MEMBERS[QuicConnection]:
+        assert hasattr(quic, name), f"aioquic QuicConnection.{name}"
+    for name in _aioquic.PRIVATE_MEMBERS[H3Connection]:
+        assert _h3_uses(H3Connection, name), f"aioquic H3Connection.{name}"
+
+
+def test_qh3_private_members_still_exist() -> None:
+    from qh3._hazmat import QuicConnectionCore
+    from qh3.h3.connection import H3Connection
+
+    from relay.transport import _qh3
+
+    quic = _fresh("qh3")
+    for name in _qh3.PRIVATE_MEMBERS_INSTANCE:
+        assert hasattr(quic, name), f"qh3 QuicConnection.{name}"
+    for name in ("bytes_in_flight", "stream_limits"):  # the core counters the view reads
+        assert hasattr(QuicConnectionCore, name), f"qh3 QuicConnectionCore.{name}"
+    for name in _qh3.PRIVATE_MEMBERS_H3:
+        assert _h3_uses(H3Connection, name), f"qh3 H3Connection.{name}"
+
+
+def test_unknown_backend_is_refused() -> None:
+    with pytest.raises(ValueError):
+        get_backend("picoquic")
+    with pytest.raises(ValueError):
+        QuicSettings(backend="picoquic")
+
+
+async def test_a_missing_backend_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "relay.transport._qh3", None)  # as if not installed
+    with pytest.raises(BackendUnavailable, match=r"kvcs-relay\[fast\]"):
+        await connect("moqt://127.0.0.1:9/", settings=QuicSettings(backend="qh3"))
+
+
+@pytest.mark.parametrize("argv", [
+    ["relay", "--quic-backend", "qh3", "--metrics-listen", "off", "--listen", "127.0.0.1:0"],
+    ["fetch", "--quic-backend", "qh3", "--relay", "moqt://127.0.0.1:9/", "--insecure",
+     "--descriptor", __file__, "--scope-key", __file__, "--tokens", __file__],
+])
+def test_cli_without_qh3_is_one_line_and_exit_2(argv: list[str], tmp_path: Path) -> None:
+    code = ("import sys; sys.modules['qh3'] = None; from relay.cli import main; "
+            f"sys.argv = ['kvcs'] + {argv!r}; main()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "qh3" in lines[0] and "not installed" in lines[0], lines

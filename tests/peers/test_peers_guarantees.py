@@ -1,0 +1,122 @@
+"""The consumer's guarantees (issue 16) against real relays on 127.0.0.1: with
+--require-cose nothing is used before a signed manifest version lists it, every wait is
+bounded by the deadline, discovery finds any shorter prefix, and publishers answer for what
+they published."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from peers_helpers import SCOPE_KEY, TIMEOUT, Cache, access, cache, plan, relay_at
+from tampering import publish_gated, tamper_relay, wait_cached
+
+from relay.kvcs.cose import KeyStore
+from relay.kvcs.plan import PlannedObject, PublicationPlan
+from relay.moqt.primitives import FullTrackName, Location
+from relay.peers.errors import EXIT_PARTIAL, EXIT_UNVERIFIED
+from relay.peers.subscriber import Retrieval, RetrieveOptions, retrieve
+from relay.service import RunningRelay
+
+FORGED = ("k.raw.s0", 9, 1)  # track, layer, block the tampering relay replaces
+LAYERS = 16  # manifest versions after layers 7 and 15: layer 9 is listed only by the last
+
+
+@pytest.fixture
+async def relay(tmp_path: Path) -> Any:
+    r = await relay_at(tmp_path / "r1")
+    yield r
+    await r.close()
+
+
+def _signed(c: Cache) -> tuple[PublicationPlan, KeyStore]:
+    key = ed25519.Ed25519PrivateKey.generate()
+    return plan(c, signer=(key, b"prod")), KeyStore({b"prod": key.public_key()})
+
+
+def _opts(r: RunningRelay, c: Cache, p: PublicationPlan, keys: KeyStore, **kw: Any
+          ) -> RetrieveOptions:
+    return RetrieveOptions(access(r), c.descriptor, SCOPE_KEY, c.tokens, require_cose=True,
+                           keys=keys, publications=[(p.namespace, None)], **kw)
+
+
+async def _retrieve(opts: RetrieveOptions) -> Retrieval:
+    return await asyncio.wait_for(retrieve(opts), TIMEOUT)
+
+
+def _same_except(got: np.ndarray, want: np.ndarray, layers: list[int]) -> bool:
+    return bool(np.array_equal(np.delete(got, layers, 0), np.delete(want, layers, 0))
+                and not got[layers].any())
+
+
+async def test_require_cose_live_waits_for_the_signed_version_that_lists_each_object(
+        relay: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = cache(blocks=4, layers=LAYERS)
+    p, keys = _signed(c)
+    forged = tamper_relay(monkeypatch, relay, *FORGED)
+    total = 4 * LAYERS * 2
+    seen: list[tuple[str, int, int]] = []
+    all_data, started, leave = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    def observe(url: str, track: str, g: int, o: int, payload: bytes) -> bytes:
+        seen.append((track, g, o))
+        if len(seen) == total:
+            all_data.set()
+        return payload
+
+    def gate(obj: PlannedObject) -> Any:
+        started.set()
+        if obj.track == p.manifest_track and obj.ends_track:
+            # the last version (the only one listing layer 9) goes out only once the
+            # consumer holds every data Object: a consumer that trusts early is done by then
+            return asyncio.wait_for(all_data.wait(), TIMEOUT)
+        return None
+
+    pub = asyncio.ensure_future(publish_gated(p, access(relay), gate, leave))
+    try:
+        await asyncio.wait_for(started.wait(), TIMEOUT)
+        res = await _retrieve(_opts(relay, c, p, keys, mode="live", tamper=observe))
+    finally:
+        leave.set()
+        await asyncio.wait_for(pub, TIMEOUT)
+    rep = res.report
+    assert forged and FORGED in seen
+    assert res.exit_code == EXIT_PARTIAL, rep["decisions"]
+    assert res.recompute_layers == [9] and rep["unverified_objects"] == []
+    assert rep["layers"][9]["usable_ms"] is None and rep["layers"][9]["objects_discarded"] >= 1
+    assert _same_except(res.k, c.k, [9]) and _same_except(res.v, c.v, [9])
+
+
+async def test_require_cose_completed_reports_objects_no_signed_version_lists(
+        relay: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = cache(blocks=4, layers=LAYERS)
+    p, keys = _signed(c)
+    tamper_relay(monkeypatch, relay, *FORGED)
+    leave = asyncio.Event()
+
+    def gate(obj: PlannedObject) -> Any:
+        # production stalls before layer 13: the latest version lists layers 0-7 only
+        if obj.track != p.manifest_track and obj.group == 13:
+            return leave.wait()
+        return None
+
+    pub = asyncio.ensure_future(publish_gated(p, access(relay), gate, leave))
+    try:
+        for track, at in (("k.raw.s0", Location(12, 3)), ("v.raw.s0", Location(12, 3)),
+                          (p.manifest_track, Location(1, 0))):
+            await wait_cached(relay, FullTrackName(p.namespace.fields, track.encode()), at)
+        res = await _retrieve(_opts(relay, c, p, keys, stall_timeout=0.3))
+    finally:
+        leave.set()
+        await asyncio.wait_for(pub, TIMEOUT)
+    rep = res.report
+    assert res.exit_code == EXIT_UNVERIFIED, rep["decisions"]
+    assert f"s0 {FORGED[0]} {FORGED[1]}/{FORGED[2]}" in rep["unverified_objects"]
+    assert len(rep["unverified_objects"]) == 5 * 4 * 2  # layers 8-12, 4 blocks, k and v
+    assert res.recompute_layers == list(range(8, LAYERS))
+    assert any(d["action"] == "listing-timeout" for d in rep["decisions"])
+    assert _same_except(res.k, c.k, list(range(8, LAYERS)))

@@ -292,6 +292,9 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
     if r["unverified_objects"]:
         _fail(f"no signed manifest version listed {len(r['unverified_objects'])} Objects; "
               f"layers to recompute: {res.recompute_layers}", res.exit_code)
+    if r["deadline_passed"]:
+        _fail(f"deadline of {deadline_ms:g} ms passed; layers to recompute: "
+              f"{res.recompute_layers}", res.exit_code)
     if res.recompute_layers:
         _fail(f"layers to recompute: {res.recompute_layers}", res.exit_code)
     if res.exit_code:

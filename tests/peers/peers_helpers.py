@@ -21,13 +21,16 @@ SCOPE_KEY = bytes(range(32))
 LAYERS, HEADS, DIM, B = 4, 2, 8, 4
 
 
-async def relay_at(data_dir: Path, tls_of: RunningRelay | None = None) -> RunningRelay:
+async def relay_at(data_dir: Path, tls_of: RunningRelay | None = None, *,
+                   upstream: Sequence[str] = (), memory_bytes: int = 64 << 20
+                   ) -> RunningRelay:
     """``tls_of``: reuse that relay's certificate, so one CA file trusts both."""
     cert = key = None
     if tls_of is not None:
         cert, key = tls_of.certfile, tls_of.certfile.parent / KEY_NAME
-    cfg = RelayConfig(listen_port=0, data_dir=data_dir, memory_bytes=64 << 20,
-                      lmdb_bytes=64 << 20, cert=cert, key=key)
+    cfg = RelayConfig(listen_port=0, data_dir=data_dir, memory_bytes=memory_bytes,
+                      lmdb_bytes=64 << 20, cert=cert, key=key, upstream=list(upstream),
+                      upstream_insecure=True)
     return await start_relay(cfg)
 
 

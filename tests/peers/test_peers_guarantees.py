@@ -6,21 +6,30 @@ they published."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from cli_harness import run_kvcs
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from peers_helpers import SCOPE_KEY, TIMEOUT, Cache, access, cache, plan, relay_at
 from tampering import publish_gated, tamper_relay, wait_cached
 
+from relay.core.handler import RelayHandler
 from relay.kvcs.cose import KeyStore
+from relay.kvcs.identifiers import write_scope_key
 from relay.kvcs.plan import PlannedObject, PublicationPlan
 from relay.moqt.primitives import FullTrackName, Location
 from relay.peers.errors import EXIT_PARTIAL, EXIT_UNVERIFIED
+from relay.peers.inputs import format_namespace
 from relay.peers.subscriber import Retrieval, RetrieveOptions, retrieve
 from relay.service import RunningRelay
+from relay.session import IncomingFetch
 
 FORGED = ("k.raw.s0", 9, 1)  # track, layer, block the tampering relay replaces
 LAYERS = 16  # manifest versions after layers 7 and 15: layer 9 is listed only by the last
@@ -120,3 +129,53 @@ async def test_require_cose_completed_reports_objects_no_signed_version_lists(
     assert res.recompute_layers == list(range(8, LAYERS))
     assert any(d["action"] == "listing-timeout" for d in rep["decisions"])
     assert _same_except(res.k, c.k, list(range(8, LAYERS)))
+
+
+@pytest.fixture
+def silent_udp() -> Iterator[str]:
+    """A loopback UDP port that takes every packet and never answers: an upstream relay
+    that hangs (not one that refuses)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"moqt://127.0.0.1:{s.getsockname()[1]}/"
+
+
+async def test_fetch_ends_at_the_deadline_when_the_upstream_never_answers(
+        tmp_path: Path, silent_udp: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    edge = await relay_at(tmp_path / "edge", upstream=[silent_udp])
+    fill_timeouts: list[int | None] = []
+    serve = RelayHandler.fetch
+
+    async def recording(self: RelayHandler, req: IncomingFetch) -> None:
+        fill_timeouts.append(req.params.fill_timeout)  # observed, then served as ever
+        await serve(self, req)
+
+    monkeypatch.setattr(RelayHandler, "fetch", recording)
+    c = cache(blocks=2)
+    ns = plan(c).namespace  # published nowhere: the edge relay must ask its upstream
+    files = {"descriptor": tmp_path / "desc.json", "tokens": tmp_path / "tokens.json",
+             "key": tmp_path / "scope.key"}
+    files["descriptor"].write_bytes(c.descriptor.canonical_json())
+    files["tokens"].write_text(json.dumps(c.tokens))
+    write_scope_key(files["key"], SCOPE_KEY)
+    report = tmp_path / "report.json"
+    deadline_ms = 1500
+    try:
+        started = time.monotonic()
+        code, _, err = await run_kvcs(
+            "fetch", "--relay", edge.url, "--ca", str(edge.certfile),
+            "--descriptor", str(files["descriptor"]), "--tokens", str(files["tokens"]),
+            "--scope-key", str(files["key"]), "--namespace", format_namespace(ns),
+            "--deadline-ms", str(deadline_ms), "--report", str(report), timeout=TIMEOUT)
+        elapsed = time.monotonic() - started
+    finally:
+        await edge.close()
+    assert code == EXIT_PARTIAL, err
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("error: deadline")
+    assert deadline_ms / 1000 <= elapsed < deadline_ms / 1000 + 8  # + interpreter start-up
+    rep = json.loads(report.read_text())
+    assert rep["deadline_passed"] and rep["exit_code"] == EXIT_PARTIAL
+    assert rep["recompute_layers"] == list(range(c.descriptor.layers))
+    assert rep["decisions"][-1 - c.descriptor.layers]["action"] == "deadline"
+    # the relay was told how long the consumer would wait
+    assert fill_timeouts and all(t is not None and 0 < t <= deadline_ms for t in fill_timeouts)

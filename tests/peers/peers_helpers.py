@@ -3,7 +3,9 @@ publications."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from relay.kvcs.descriptor import Descriptor
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
 from relay.peers.connect import RelayAccess
+from relay.peers.publisher import PublishOptions, publish_plan
 from relay.service import RelayConfig, RunningRelay, start_relay
 from relay.transport.tls import KEY_NAME
 
@@ -57,3 +60,18 @@ def plan(c: Cache, segment_blocks: Sequence[int] | None = None, **kw: object
          ) -> PublicationPlan:
     return PublicationPlan(c.k, c.v, c.descriptor, SCOPE_KEY, c.tokens,
                            segment_blocks=segment_blocks, **kw)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def announced(p: PublicationPlan, *relays: RunningRelay) -> AsyncIterator[None]:
+    """``p`` published and confirmed, its publisher still connected inside the block:
+    NAMESPACE is only sent for a namespace that is announced."""
+    hold, confirmed = asyncio.Event(), asyncio.Event()
+    pub = asyncio.ensure_future(publish_plan(p, access(*relays), PublishOptions(
+        hold=hold, confirmed=confirmed)))
+    try:
+        await asyncio.wait_for(confirmed.wait(), TIMEOUT)
+        yield
+    finally:
+        hold.set()
+        await asyncio.wait_for(pub, TIMEOUT)

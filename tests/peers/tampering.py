@@ -1,10 +1,12 @@
-"""Test-only failure injection for the peers' guarantees (never part of the product):
+"""Test-only failure injection and observation for the peers' guarantees (never part of the
+product):
 
 - a tampering relay: one running relay replaces one Object with a forgery that passes every
   check of kvcs-draft 3.5 (a self-consistent header over all-zero Data), the same for every
   subscriber and FETCH, as a compromised relay would;
 - a gated publisher: publishes a plan Object by Object and lets the test hold any Object
-  back, to pin down what a consumer has seen when the manifest moves on.
+  back, to pin down what a consumer has seen when the manifest moves on;
+- a record of the requests a relay receives.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from peers_helpers import TIMEOUT
 sys.path.insert(0, str(Path(__file__).parents[1] / "core"))  # the relay tests' helpers
 from relay_helpers import wait_cached
 
+from relay.core.handler import RelayHandler
 from relay.core.track import RelayTrack
 from relay.kvcs.payload import parse_header
 from relay.kvcs.plan import PlannedObject, PublicationPlan
@@ -32,7 +35,7 @@ from relay.peers.connect import RelayAccess, connect
 from relay.peers.publisher import _RelayPush
 from relay.service import RunningRelay
 
-__all__ = ["forge", "publish_gated", "tamper_relay", "wait_cached"]
+__all__ = ["forge", "observe_requests", "publish_gated", "tamper_relay", "wait_cached"]
 
 
 def forge(payload: bytes) -> bytes:
@@ -59,6 +62,20 @@ def tamper_relay(monkeypatch: pytest.MonkeyPatch, running: RunningRelay, track: 
 
     monkeypatch.setattr(RelayTrack, "_on_object", on_object)
     return forged
+
+
+def observe_requests(monkeypatch: pytest.MonkeyPatch, method: str) -> list[Any]:
+    """The requests in-process relays receive through ``RelayHandler.<method>`` (e.g.
+    "fetch"), recorded, then served as ever."""
+    seen: list[Any] = []
+    serve = getattr(RelayHandler, method)
+
+    async def recording(self: RelayHandler, req: Any) -> None:
+        seen.append(req)
+        await serve(self, req)
+
+    monkeypatch.setattr(RelayHandler, method, recording)
+    return seen
 
 
 Gate = Callable[[PlannedObject], Awaitable[None] | None]

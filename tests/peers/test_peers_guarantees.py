@@ -17,19 +17,28 @@ import numpy as np
 import pytest
 from cli_harness import run_kvcs
 from cryptography.hazmat.primitives.asymmetric import ed25519
-from peers_helpers import SCOPE_KEY, TIMEOUT, Cache, access, cache, plan, relay_at
-from tampering import publish_gated, tamper_relay, wait_cached
+from peers_helpers import (
+    SCOPE_KEY,
+    TIMEOUT,
+    B,
+    Cache,
+    access,
+    announced,
+    cache,
+    plan,
+    relay_at,
+)
+from tampering import observe_requests, publish_gated, tamper_relay, wait_cached
 
-from relay.core.handler import RelayHandler
 from relay.kvcs.cose import KeyStore
 from relay.kvcs.identifiers import write_scope_key
 from relay.kvcs.plan import PlannedObject, PublicationPlan
 from relay.moqt.primitives import FullTrackName, Location
-from relay.peers.errors import EXIT_PARTIAL, EXIT_UNVERIFIED
+from relay.peers.discovery import MAX_PREFIXES
+from relay.peers.errors import EXIT_OK, EXIT_PARTIAL, EXIT_UNVERIFIED
 from relay.peers.inputs import format_namespace
 from relay.peers.subscriber import Retrieval, RetrieveOptions, retrieve
 from relay.service import RunningRelay
-from relay.session import IncomingFetch
 
 FORGED = ("k.raw.s0", 9, 1)  # track, layer, block the tampering relay replaces
 LAYERS = 16  # manifest versions after layers 7 and 15: layer 9 is listed only by the last
@@ -143,14 +152,7 @@ def silent_udp() -> Iterator[str]:
 async def test_fetch_ends_at_the_deadline_when_the_upstream_never_answers(
         tmp_path: Path, silent_udp: str, monkeypatch: pytest.MonkeyPatch) -> None:
     edge = await relay_at(tmp_path / "edge", upstream=[silent_udp])
-    fill_timeouts: list[int | None] = []
-    serve = RelayHandler.fetch
-
-    async def recording(self: RelayHandler, req: IncomingFetch) -> None:
-        fill_timeouts.append(req.params.fill_timeout)  # observed, then served as ever
-        await serve(self, req)
-
-    monkeypatch.setattr(RelayHandler, "fetch", recording)
+    fetches = observe_requests(monkeypatch, "fetch")
     c = cache(blocks=2)
     ns = plan(c).namespace  # published nowhere: the edge relay must ask its upstream
     files = {"descriptor": tmp_path / "desc.json", "tokens": tmp_path / "tokens.json",
@@ -178,4 +180,20 @@ async def test_fetch_ends_at_the_deadline_when_the_upstream_never_answers(
     assert rep["recompute_layers"] == list(range(c.descriptor.layers))
     assert rep["decisions"][-1 - c.descriptor.layers]["action"] == "deadline"
     # the relay was told how long the consumer would wait
-    assert fill_timeouts and all(t is not None and 0 < t <= deadline_ms for t in fill_timeouts)
+    timeouts = [f.params.fill_timeout for f in fetches]
+    assert timeouts and all(t is not None and 0 < t <= deadline_ms for t in timeouts)
+
+
+async def test_discovery_finds_a_publication_100_blocks_shorter_than_the_prompt(
+        relay: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = cache(blocks=4)
+    p = plan(c)
+    requests = observe_requests(monkeypatch, "subscribe_namespace")
+    async with announced(p, relay):
+        # a shared 4-block "system prompt", then 100 blocks of this consumer's own
+        res = await _retrieve(RetrieveOptions(access(relay), c.descriptor, SCOPE_KEY,
+                                              c.tokens + [5] * (100 * B)))
+    assert res.exit_code == EXIT_OK, res.report
+    assert res.report["reused_blocks"] == 4 and res.report["prompt_blocks"] == 104
+    assert np.array_equal(res.k, c.k) and np.array_equal(res.v, c.v)
+    assert len(requests) <= MAX_PREFIXES  # bounded, whatever the prompt length

@@ -63,12 +63,13 @@ def plan(c: Cache, segment_blocks: Sequence[int] | None = None, **kw: object
 
 
 @asynccontextmanager
-async def announced(p: PublicationPlan, *relays: RunningRelay) -> AsyncIterator[None]:
+async def announced(p: PublicationPlan, *relays: RunningRelay, confirm: str = "fetch"
+                    ) -> AsyncIterator[None]:
     """``p`` published and confirmed, its publisher still connected inside the block:
     NAMESPACE is only sent for a namespace that is announced."""
     hold, confirmed = asyncio.Event(), asyncio.Event()
     pub = asyncio.ensure_future(publish_plan(p, access(*relays), PublishOptions(
-        hold=hold, confirmed=confirmed)))
+        hold=hold, confirmed=confirmed, confirm=confirm)))
     try:
         await asyncio.wait_for(confirmed.wait(), TIMEOUT)
         yield

@@ -197,3 +197,25 @@ async def test_discovery_finds_a_publication_100_blocks_shorter_than_the_prompt(
     assert res.report["reused_blocks"] == 4 and res.report["prompt_blocks"] == 104
     assert np.array_equal(res.k, c.k) and np.array_equal(res.v, c.v)
     assert len(requests) <= MAX_PREFIXES  # bounded, whatever the prompt length
+
+
+async def test_publisher_serves_the_groups_a_small_relay_evicted_before_its_commit(
+        tmp_path: Path) -> None:
+    # 2 tracks x 16 Groups of ~3 KB each in memory: a 64 KiB memory tier holds part of the
+    # cache only, so it can neither keep the Tracks nor commit them to LMDB
+    small = await relay_at(tmp_path / "small", memory_bytes=64 << 10)
+    c = cache(blocks=8, layers=LAYERS)
+    p = plan(c)
+    try:
+        # (confirm="fetch" would need the relay to learn End of Track from the publisher's
+        # FETCH_OK once it evicted the Group that carried it: not this test's subject)
+        async with announced(p, small, confirm="none"):
+            res = await _retrieve(RetrieveOptions(access(small), c.descriptor, SCOPE_KEY,
+                                                  c.tokens, mode="live"))  # a late consumer
+            assert small.relay.store.memory.stats()["evicted_groups"] > 0
+            assert small.relay.counters.get("upstream_fetches") > 0  # answered by the publisher
+    finally:
+        await small.close()
+    assert res.exit_code == EXIT_OK, res.report["decisions"]
+    assert res.report["objects_verified"] == 8 * LAYERS * 2
+    assert np.array_equal(res.k, c.k) and np.array_equal(res.v, c.v)

@@ -219,3 +219,20 @@ async def test_publisher_serves_the_groups_a_small_relay_evicted_before_its_comm
     assert res.exit_code == EXIT_OK, res.report["decisions"]
     assert res.report["objects_verified"] == 8 * LAYERS * 2
     assert np.array_equal(res.k, c.k) and np.array_equal(res.v, c.v)
+
+
+async def test_publisher_answers_a_subscribe_for_a_track_it_ended(relay: Any) -> None:
+    c = cache(blocks=4)
+    p = plan(c)
+    async with announced(p, relay):
+        before = relay.relay.counters.get("upstream_subscriptions")
+        # production is over (PUBLISH_DONE): the relay's SUBSCRIBEs go to the publisher,
+        # which answers from what it wrote (fill, then PUBLISH_DONE)
+        res = await _retrieve(RetrieveOptions(access(relay), c.descriptor, SCOPE_KEY,
+                                              c.tokens, mode="live",
+                                              publications=[(p.namespace, None)]))
+        assert relay.relay.counters.get("upstream_subscriptions") > before
+    assert res.exit_code == EXIT_OK, res.report["decisions"]
+    assert res.report["objects_verified"] == 4 * c.descriptor.layers * 2
+    assert res.report["objects_duplicate"] == 0
+    assert np.array_equal(res.k, c.k) and np.array_equal(res.v, c.v)

@@ -10,7 +10,8 @@ Every prefix of the prompt is searched, with at most ``max_prefixes`` requests:
   which the relay answers with every publication of that model in the scope; the consumer
   keeps those whose Anchor Key is one of its Block Keys. Per-key requests would overlap it
   (PREFIX_OVERLAP), and one per key would grow with the prompt; a prompt that runs far past
-  a shared system prompt is exactly the case where the shorter publication matters.
+  a shared system prompt is exactly the case where the shorter publication matters. A relay
+  that refuses the model-wide prefix gets the per-key requests for the 64 longest instead.
 
 MOQT has no "end of the current list" marker, so discovery waits ``window`` seconds for the
 first match (a consumer that joins before production waits longer), then ``grace`` seconds
@@ -55,9 +56,8 @@ async def discover(session: MoqtSession, scope_id: bytes, compat_id: bytes,
     if not keys:
         return []
     blocks_of = {key: n for n, key in enumerate(keys, 1)}  # Anchor Key -> prefix blocks
-    prefixes: list[Namespace] = [model_prefix(scope_id, compat_id)] \
-        if len(keys) > max_prefixes else \
-        [content_prefix(scope_id, compat_id, key) for key in reversed(keys)]
+    per_key = [content_prefix(scope_id, compat_id, key)
+               for key in reversed(keys[-max_prefixes:])]
     found: dict[KvcsNamespace, int] = {}
     arrived = asyncio.Event()
     subs: list[NamespaceSubscription] = []
@@ -66,6 +66,9 @@ async def discover(session: MoqtSession, scope_id: bytes, compat_id: bytes,
         try:
             sub = await session.subscribe_namespace(prefix)
         except SessionFailure:
+            if len(prefix) < 4:
+                # a relay that grants per-prefix access only: the longest prefixes, then
+                await asyncio.gather(*(follow(p) for p in per_key))
             return  # e.g. unauthorized for this scope: nothing found here
         subs.append(sub)
         async for ev in sub:
@@ -78,6 +81,7 @@ async def discover(session: MoqtSession, scope_id: bytes, compat_id: bytes,
                     found.setdefault(ns, n)
                     arrived.set()
 
+    prefixes = [model_prefix(scope_id, compat_id)] if len(keys) > max_prefixes else per_key
     tasks = [asyncio.ensure_future(follow(p)) for p in prefixes]
     try:
         with contextlib.suppress(TimeoutError):

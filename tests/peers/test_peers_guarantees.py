@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cli_harness import run_kvcs
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from peers_helpers import (
     SCOPE_KEY,
@@ -33,6 +34,8 @@ from tampering import observe_requests, publish_gated, tamper_relay, wait_cached
 from relay.core.handler import RelayHandler
 from relay.kvcs.cose import KeyStore
 from relay.kvcs.identifiers import write_scope_key
+from relay.kvcs.kvfile import read_kvfile
+from relay.kvcs.namespace import KvcsNamespace
 from relay.kvcs.plan import PlannedObject, PublicationPlan, TrackSpec
 from relay.kvcs.registry import Codec, Component
 from relay.moqt.codes import RequestErrorCode
@@ -112,10 +115,33 @@ async def test_require_cose_live_waits_for_the_signed_version_that_lists_each_ob
     assert _same_except(res.k, c.k, [9]) and _same_except(res.v, c.v, [9])
 
 
+async def _kvcs_fetch(r: RunningRelay, c: Cache, ns: KvcsNamespace, tmp: Path, *extra: str
+                      ) -> tuple[int, str, dict[str, Any], float]:
+    """``kvcs fetch`` of ``ns`` (given as by an index) through ``r``, as a subprocess:
+    (exit code, stderr, JSON report, seconds)."""
+    files = {"descriptor": tmp / "desc.json", "tokens": tmp / "tokens.json",
+             "key": tmp / "scope.key", "out": tmp / "out.kv", "report": tmp / "report.json"}
+    files["descriptor"].write_bytes(c.descriptor.canonical_json())
+    files["tokens"].write_text(json.dumps(c.tokens))
+    write_scope_key(files["key"], SCOPE_KEY)
+    started = time.monotonic()
+    code, _, err = await run_kvcs(
+        "fetch", "--relay", r.url, "--ca", str(r.certfile), "--namespace", format_namespace(ns),
+        *(a for name in ("descriptor", "tokens", "out", "report")
+          for a in (f"--{name}", str(files[name]))),
+        "--scope-key", str(files["key"]), *extra, timeout=TIMEOUT)
+    elapsed = time.monotonic() - started
+    assert "Traceback" not in err
+    return code, err, json.loads(files["report"].read_text()), elapsed
+
+
 async def test_require_cose_completed_reports_objects_no_signed_version_lists(
-        relay: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        relay: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     c = cache(blocks=4, layers=LAYERS)
     p, keys = _signed(c)
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "prod.pem").write_bytes(keys.get(b"prod").public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     tamper_relay(monkeypatch, relay, *FORGED)
     leave = asyncio.Event()
 
@@ -130,17 +156,20 @@ async def test_require_cose_completed_reports_objects_no_signed_version_lists(
         for track, at in (("k.raw.s0", Location(12, 3)), ("v.raw.s0", Location(12, 3)),
                           (p.manifest_track, Location(1, 0))):
             await wait_cached(relay, FullTrackName(p.namespace.fields, track.encode()), at)
-        res = await _retrieve(_opts(relay, c, p, keys, stall_timeout=0.3))
+        code, err, rep, _ = await _kvcs_fetch(relay, c, p.namespace, tmp_path, "--require-cose",
+                                              "--keys", str(tmp_path / "keys"),
+                                              "--stall-ms", "300")
     finally:
         leave.set()
         await asyncio.wait_for(pub, TIMEOUT)
-    rep = res.report
-    assert res.exit_code == EXIT_UNVERIFIED, rep["decisions"]
+    assert code == EXIT_UNVERIFIED, err
+    assert err.splitlines()[-1].startswith("error: no signed manifest version listed 40 ")
     assert f"s0 {FORGED[0]} {FORGED[1]}/{FORGED[2]}" in rep["unverified_objects"]
     assert len(rep["unverified_objects"]) == 5 * 4 * 2  # layers 8-12, 4 blocks, k and v
-    assert res.recompute_layers == list(range(8, LAYERS))
+    assert rep["recompute_layers"] == list(range(8, LAYERS))
     assert any(d["action"] == "listing-timeout" for d in rep["decisions"])
-    assert _same_except(res.k, c.k, list(range(8, LAYERS)))
+    out = read_kvfile(tmp_path / "out.kv")
+    assert _same_except(np.asarray(out.k), c.k, list(range(8, LAYERS)))
 
 
 @pytest.fixture
@@ -158,27 +187,15 @@ async def test_fetch_ends_at_the_deadline_when_the_upstream_never_answers(
     fetches = observe_requests(monkeypatch, "fetch")
     c = cache(blocks=2)
     ns = plan(c).namespace  # published nowhere: the edge relay must ask its upstream
-    files = {"descriptor": tmp_path / "desc.json", "tokens": tmp_path / "tokens.json",
-             "key": tmp_path / "scope.key"}
-    files["descriptor"].write_bytes(c.descriptor.canonical_json())
-    files["tokens"].write_text(json.dumps(c.tokens))
-    write_scope_key(files["key"], SCOPE_KEY)
-    report = tmp_path / "report.json"
     deadline_ms = 1500
     try:
-        started = time.monotonic()
-        code, _, err = await run_kvcs(
-            "fetch", "--relay", edge.url, "--ca", str(edge.certfile),
-            "--descriptor", str(files["descriptor"]), "--tokens", str(files["tokens"]),
-            "--scope-key", str(files["key"]), "--namespace", format_namespace(ns),
-            "--deadline-ms", str(deadline_ms), "--report", str(report), timeout=TIMEOUT)
-        elapsed = time.monotonic() - started
+        code, err, rep, elapsed = await _kvcs_fetch(edge, c, ns, tmp_path,
+                                                    "--deadline-ms", str(deadline_ms))
     finally:
         await edge.close()
     assert code == EXIT_PARTIAL, err
-    assert "Traceback" not in err and err.splitlines()[-1].startswith("error: deadline")
+    assert err.splitlines()[-1].startswith("error: deadline")
     assert deadline_ms / 1000 <= elapsed < deadline_ms / 1000 + 8  # + interpreter start-up
-    rep = json.loads(report.read_text())
     assert rep["deadline_passed"] and rep["exit_code"] == EXIT_PARTIAL
     assert rep["recompute_layers"] == list(range(c.descriptor.layers))
     assert rep["decisions"][-1 - c.descriptor.layers]["action"] == "deadline"

@@ -7,13 +7,15 @@ Modules, one concept each:
 - ``inputs``      descriptor / token / scope-key / namespace files and strings
 - ``connect``     dialling a relay with a bound
 - ``publisher``   pushing a PublicationPlan with PUBLISH_NAMESPACE + PUBLISH, confirmation
-- ``discovery``   SUBSCRIBE_NAMESPACE over the consumer's Anchor Keys (5.1)
+- ``serving``     the publisher answering FETCH / SUBSCRIBE for what it wrote (15.1 step 6)
+- ``discovery``   SUBSCRIBE_NAMESPACE over the consumer's Anchor Keys, or model-wide (5.1)
 - ``verification`` manifests (3.6, COSE) and Objects (3.5) as they arrive; a forgetful
                   reassembler for late digest mismatches
 - ``state``       what one retrieval holds: targets per segment, per-layer statistics
 - ``live``        retrieval during production (5.2)
 - ``completed``   retrieval of completed caches (5.3)
-- ``subscriber``  choosing publications, recovery across relays and publications (5.4)
+- ``subscriber``  choosing publications, recovery across relays and publications, the
+                  deadline (5.4)
 - ``report``      the JSON report
 - ``cli``         the click commands
 """

@@ -43,8 +43,11 @@ Exit codes:
   1  error (no relay reachable, unreadable input, ...)
   2  bad usage
   3  no publication of the prompt's prefix found
-  4  partial: the layers listed in the report must be recomputed
-  5  publications found but refused (manifest compat, manifest.cose absent or bad)"""
+  4  partial: the layers listed in the report (recompute_layers) must be
+     recomputed; also when --deadline-ms passed first (deadline_passed)
+  5  publications found but refused (manifest compat, manifest.cose absent or bad)
+  7  --require-cose: Objects arrived that no signed manifest version listed in
+     time (report: unverified_objects); their layers must be recomputed"""
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> None:
@@ -290,6 +293,11 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      "(default 10000 for subscribe, 500 for fetch)."),
         click.option("--stall-ms", type=float, default=10000, show_default=True,
                      help="Live: no progress for this long counts as a failure."),
+        click.option("--deadline-ms", type=click.FloatRange(min=0, min_open=True),
+                     default=60000, show_default=True,
+                     help="Give up on the whole retrieval after this long and report the "
+                          "usable layers and those to recompute (exit 4); relays get "
+                          "FILL_TIMEOUT from the time left."),
         click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
                      help="KV cache file for the reused prefix."),
         click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
@@ -307,8 +315,8 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
              descriptor: Path, scope_key: Path, tokens: Path, codec: str, joint: bool,
              require_cose: bool, keys: Path | None, namespaces: tuple[str, ...],
              index_blocks: int | None, max_blocks: int | None, recompute_ms_per_layer: float,
-             wait_ms: float | None, stall_ms: float, out: Path | None, report: Path | None,
-             quiet: bool = False) -> None:
+             wait_ms: float | None, stall_ms: float, deadline_ms: float, out: Path | None,
+             report: Path | None, quiet: bool = False) -> None:
     from .subscriber import RetrieveOptions, retrieve
 
     access = _access(relay, ca, insecure, connect_ms)
@@ -322,7 +330,8 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
                            codec=codec, joint=joint, require_cose=require_cose, keys=store,
                            publications=pubs, max_blocks=max_blocks,
                            recompute_ms_per_layer=recompute_ms_per_layer,
-                           discovery_window=window, stall_timeout=stall_ms / 1000)
+                           discovery_window=window, stall_timeout=stall_ms / 1000,
+                           deadline=deadline_ms / 1000)
     progress = Progress("subscribe" if mode == "live" else "fetch", quiet=quiet)
     opts.progress = progress.retrieval
     try:
@@ -338,6 +347,12 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
             f"{r['objects_verified']} objects verified, {r['objects_discarded']} discarded, "
             f"{r['retries']} retries")
     click.echo(line, err=True)
+    if r["unverified_objects"]:
+        _fail(f"no signed manifest version listed {len(r['unverified_objects'])} Objects; "
+              f"layers to recompute: {res.recompute_layers}", res.exit_code)
+    if r["deadline_passed"]:
+        _fail(f"deadline of {deadline_ms:g} ms passed; layers to recompute: "
+              f"{res.recompute_layers}", res.exit_code)
     if res.recompute_layers:
         _fail(f"layers to recompute: {res.recompute_layers}", res.exit_code)
     if res.exit_code:

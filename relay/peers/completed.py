@@ -6,6 +6,9 @@ and the relay's MAX_FILTER_RANGES allows a filter (otherwise the extra blocks ar
 and discarded). The manifest is FETCHed with Relative Start 2: the last two Groups, because
 a finished manifest track's Largest Object is its End of Track at {M, 0}, a Group that holds
 no version (status is not carried on fetch streams), so Relative Start 1 would return nothing.
+
+Every FETCH carries FILL_TIMEOUT = the time left before the consumer's deadline, so a relay
+whose upstream is slow answers with End of Timed-Out Range instead of outwaiting us.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ async def fetch_manifest(session: MoqtSession, state: RetrievalState) -> str:
     for name in (MANIFEST_COSE, MANIFEST):
         try:
             resp = await session.fetch(state.namespace.fields, name.encode(), Params(
-                location_filter=LocationFilter.relative_start(2)))
+                location_filter=LocationFilter.relative_start(2),
+                fill_timeout=state.fill_timeout_ms()))
             versions = [(e.group, bytes(e.payload)) async for e in resp
                         if isinstance(e, ReceivedObject) and e.object_id == 0]
         except RequestRejected as e:
@@ -64,7 +68,8 @@ async def fetch_track(session: MoqtSession, url: str, state: RetrievalState, tar
     assert state.namespace is not None
     params = Params(location_filter=LocationFilter.absolute_group_end(first, 0, last),
                     group_order=GroupOrder.ASCENDING,
-                    range_filters=objectid_filter(session, target))
+                    range_filters=objectid_filter(session, target),
+                    fill_timeout=state.fill_timeout_ms())
     resp = await session.fetch(state.namespace.fields, track.encode(), params)
     async for ev in resp:
         if isinstance(ev, ReceivedObject):

@@ -6,7 +6,13 @@ import asyncio
 import os
 from dataclasses import dataclass
 
-from relay.session import MoqtSession, SessionConfig, SessionFailure, open_session
+from relay.session import (
+    MoqtSession,
+    SessionConfig,
+    SessionFailure,
+    SessionHandler,
+    open_session,
+)
 from relay.transport import QuicSettings, TransportError
 
 from .errors import PeerError
@@ -32,11 +38,14 @@ class RelayAccess:
     settings: QuicSettings = PEER_SETTINGS
 
 
-async def connect(url: str, access: RelayAccess) -> MoqtSession:
+async def connect(url: str, access: RelayAccess, handler: SessionHandler | None = None
+                  ) -> MoqtSession:
+    """``handler`` answers the relay's requests (a publisher serving its Tracks)."""
     try:
         return await asyncio.wait_for(
-            open_session(url, config=SessionConfig(), ca_file=access.ca_file,
-                         insecure=access.insecure, settings=access.settings), access.timeout)
+            open_session(url, config=SessionConfig(), handler=handler,
+                         ca_file=access.ca_file, insecure=access.insecure,
+                         settings=access.settings), access.timeout)
     except TimeoutError:
         raise PeerError(f"relay {url}: no answer within {access.timeout:g} s") from None
     except (OSError, TransportError, SessionFailure, ValueError) as e:

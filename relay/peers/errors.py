@@ -6,9 +6,10 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # unexpected failure, no relay reachable, bad input file
 EXIT_USAGE = 2  # click's own code for bad options
 EXIT_NOT_FOUND = 3  # no publication of the prompt's prefix on any relay
-EXIT_PARTIAL = 4  # some layers could not be retrieved in time: recompute them
+EXIT_PARTIAL = 4  # some layers could not be retrieved in time (or by the deadline)
 EXIT_REFUSED = 5  # publications were found but failed verification (compat, COSE)
 EXIT_UNCONFIRMED = 6  # publish: a relay did not confirm every Object
+EXIT_UNVERIFIED = 7  # --require-cose: Objects no signed manifest version listed in time
 
 
 class PeerError(Exception):

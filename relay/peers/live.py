@@ -34,14 +34,16 @@ from .completed import PublicationGone, fetch_track
 from .state import RetrievalState, Target
 
 
-def data_params() -> Params:
+def data_params(fill_timeout: int | None = None) -> Params:
     return Params(location_filter=LocationFilter.next_object(),
-                  fill=Params(location_filter=LocationFilter.absolute_start(0, 0)))
+                  fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
+                              fill_timeout=fill_timeout))
 
 
-def manifest_params() -> Params:
+def manifest_params(fill_timeout: int | None = None) -> Params:
     return Params(location_filter=LocationFilter.next_object(),
-                  fill=Params(location_filter=LocationFilter.relative_start(1)))
+                  fill=Params(location_filter=LocationFilter.relative_start(1),
+                              fill_timeout=fill_timeout))
 
 
 async def _subscribe_manifest(session: MoqtSession, state: RetrievalState
@@ -51,13 +53,48 @@ async def _subscribe_manifest(session: MoqtSession, state: RetrievalState
     for name in names:
         try:
             sub = await session.subscribe(state.namespace.fields, name.encode(),
-                                          manifest_params())
+                                          manifest_params(state.fill_timeout_ms()))
         except RequestRejected as e:
             if e.code == RequestErrorCode.DOES_NOT_EXIST:
                 continue
             raise
         return name, sub
     raise PublicationGone("the relay cannot subscribe to this publication's manifest")
+
+
+def on_manifest_event(state: RetrievalState, name: str, ev: object) -> list[Target]:
+    """One event of a manifest subscription into ``state``; the segments it adds."""
+    if isinstance(ev, ReceivedObject):
+        if ev.status == ObjectStatus.END_OF_TRACK:
+            state.manifest_final = True
+            state.bump()
+        elif ev.status == ObjectStatus.NORMAL and ev.object_id == 0:
+            return state.on_manifest(name, ev.group, ev.payload)
+    elif isinstance(ev, SubscriptionDone):
+        state.manifest_final = True
+        state.bump()
+    return []
+
+
+async def await_listing(session: MoqtSession, url: str, state: RetrievalState,
+                        timeout: float) -> None:
+    """--require-cose during production: the FETCHed Objects are ahead of the manifest.
+    Follow the manifest track until a signed version lists them all, the track ends, or
+    ``timeout`` passes (kvcs-draft 5.4: never wait indefinitely); what is still unlisted
+    then stays unusable."""
+    state.decide("await-listing", relay=url, unlisted=len(state.unlisted))
+    name, sub = await _subscribe_manifest(session, state)
+    try:
+        async with asyncio.timeout(timeout):
+            async for ev in sub:
+                on_manifest_event(state, name, ev)
+                if not state.unlisted or state.manifest_final:
+                    return
+    except TimeoutError:
+        state.decide("listing-timeout", relay=url, unlisted=len(state.unlisted))
+    finally:
+        with contextlib.suppress(Exception):
+            sub.cancel()
 
 
 class LiveRetrieval:
@@ -116,23 +153,15 @@ class LiveRetrieval:
 
     async def _manifest(self, name: str, sub: Subscription) -> None:
         async for ev in sub:
-            if isinstance(ev, ReceivedObject):
-                if ev.status == ObjectStatus.END_OF_TRACK:
-                    self.state.manifest_final = True
-                    self.state.bump()
-                elif ev.status == ObjectStatus.NORMAL and ev.object_id == 0:
-                    for target in self.state.on_manifest(name, ev.group, ev.payload):
-                        self._start(target)
-            elif isinstance(ev, SubscriptionDone):
-                self.state.manifest_final = True
-                self.state.bump()
+            for target in on_manifest_event(self.state, name, ev):
+                self._start(target)
 
     async def _data(self, target: Target, track: str) -> None:
         state = self.state
         assert state.namespace is not None
         try:
             sub = await self.session.subscribe(state.namespace.fields, track.encode(),
-                                               data_params())
+                                               data_params(state.fill_timeout_ms()))
         except RequestRejected as e:
             if e.code != RequestErrorCode.DOES_NOT_EXIST:
                 raise

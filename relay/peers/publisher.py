@@ -3,8 +3,10 @@
 Order on each relay: PUBLISH of every track of the publication, then PUBLISH_NAMESPACE, then
 the Objects in production order. The tracks go first because NAMESPACE is what tells
 consumers the publication exists: a consumer that SUBSCRIBEs as soon as it hears of it must
-find the tracks at the relay, not race a PUBLISH still in flight (the relay would route the
-SUBSCRIBE to us, and we do not serve tracks ourselves).
+find the tracks at the relay, not race a PUBLISH still in flight. While connected, the
+publisher answers the relays' FETCHes (and SUBSCRIBEs of ended Tracks) from what it wrote
+(15.1 step 6, ``serving``): a relay that evicted Groups before its LMDB commit gets them
+again.
 
 Data plane per track and Group: one subgroup stream (Subgroup 0, priority floor(128 g / L)),
 Objects in order, End of Group at {g, N}, FIN; after the last Group End of Track alone on
@@ -45,6 +47,7 @@ from relay.transport import TransportError
 
 from .connect import RelayAccess, connect
 from .errors import PeerError, Unconfirmed
+from .serving import PublishedTracks
 
 REQUEST_TIMEOUT = 10.0
 CONFIRM_MODES = ("fetch", "status", "none")
@@ -130,16 +133,17 @@ async def publish_plan(plan: PublicationPlan, access: RelayAccess,
         raise PeerError("no relay given")
     started = time.monotonic()
     pushes: list[_RelayPush] = []
+    written = PublishedTracks()
     try:
         for url in access.urls:
-            pushes.append(_RelayPush(url, await connect(url, access)))
+            pushes.append(_RelayPush(url, await connect(url, access, written)))
         tracks = [plan.manifest_track] + [t for s in plan.segments
                                           for t in plan.track_names(s.segment)]
         for p in pushes:
             await _guarded(p.url, p.start(plan.namespace, tracks))
         summary = PublishSummary(plan.namespace, list(access.urls),
                                  segments=len(plan.segments), layers=plan.descriptor.layers)
-        sent = await _produce(plan, pushes, opts, summary)
+        sent = await _produce(plan, pushes, opts, summary, written)
         if opts.confirm != "none":
             await asyncio.wait_for(
                 asyncio.gather(*(_confirm(p, plan.namespace, sent, opts.confirm)
@@ -169,7 +173,8 @@ async def _guarded(url: str, aw: Awaitable[None]) -> None:
 
 
 async def _produce(plan: PublicationPlan, pushes: list[_RelayPush], opts: PublishOptions,
-                   summary: PublishSummary) -> dict[str, dict[Location, bytes]]:
+                   summary: PublishSummary, written: PublishedTracks
+                   ) -> dict[str, dict[Location, bytes]]:
     """Write every Object to every relay; return the SHA-256 of each, per track."""
     sent: dict[str, dict[Location, bytes]] = {}
     layer: tuple[int, int] | None = None
@@ -182,6 +187,7 @@ async def _produce(plan: PublicationPlan, pushes: list[_RelayPush], opts: Publis
                 layer = key
                 if opts.layer_ms > 0:
                     await asyncio.sleep(opts.layer_ms / 1000)  # emulated compute time
+        written.wrote(plan.namespace.fields, obj)  # served from here on (15.1 step 6)
         for p in pushes:
             await _guarded(p.url, p.write(obj))
         sent.setdefault(obj.track, {})[Location(obj.group, obj.object_id)] = \

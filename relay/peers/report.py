@@ -44,6 +44,10 @@ def build_report(state: RetrievalState, mode: str, recompute: list[int], exit_co
         "objects_duplicate": state.duplicates,
         "retries": state.retries,
         "recompute_layers": recompute,
+        "deadline_passed": state.deadline_passed,
+        # --require-cose: Objects received but never listed by a signed manifest version
+        # (their layers are in recompute_layers, their data is not in the output)
+        "unverified_objects": state.unverified_objects(),
         "layers": layers,
         "decisions": state.decisions,
         "discarded": state.discard_reasons,

@@ -65,7 +65,12 @@ class RetrievalState:
     joint: bool = False
     tamper: Tamper | None = None
     trusted_blocks: int | None = None  # an index record vouches for this many blocks
+    # --require-cose: an Object counts only once a verified signed manifest version lists
+    # its digest, so a self-consistent forgery cannot slip in before the manifest catches up.
+    require_listed: bool = False
     t0: float = field(default_factory=time.monotonic)
+    deadline: float | None = None  # time.monotonic() past which the retrieval gives up
+    deadline_passed: bool = False
     namespace: KvcsNamespace | None = None
     verifier: ManifestVerifier | None = None
     manifest_final: bool = False
@@ -100,6 +105,16 @@ class RetrievalState:
 
     def elapsed_ms(self) -> float:
         return (time.monotonic() - self.t0) * 1000
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (None: no deadline)."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def fill_timeout_ms(self) -> int | None:
+        """FILL_TIMEOUT for a request sent now: a relay must not search upstream for longer
+        than the consumer is willing to wait (MOQT-PROFILE FILL_TIMEOUT, kvcs-draft 5.4)."""
+        left = self.remaining()
+        return None if left is None else int(left * 1000)
 
     # -- manifest -------------------------------------------------------------------------------
 
@@ -226,14 +241,29 @@ class RetrievalState:
     @property
     def complete(self) -> bool:
         return bool(self.targets) and not self.wants_more_segments() and all(
-            t.reasm.complete for t in self.targets.values())
+            t.reasm.complete for t in self.targets.values()) and not self.unverified_layers()
+
+    def unverified_layers(self) -> set[int]:
+        """Layers holding Objects no signed manifest version has listed yet (only when
+        listing is required: otherwise 3.5 suffices until a version says otherwise)."""
+        if not self.require_listed:
+            return set()
+        return {group for _, _, group, _ in self.unlisted}
+
+    def unverified_objects(self) -> list[str]:
+        return [f"s{seg} {track} {group}/{obj}"
+                for seg, track, group, obj in sorted(self.unlisted)] \
+            if self.require_listed else []
 
     def usable_layers(self) -> dict[int, float]:
         """Layer -> ms since start when it became usable in every reused segment."""
         out: dict[int, float] = {}
         if not self.targets:
             return out
+        unverified = self.unverified_layers()
         for g in range(self.descriptor.layers):
+            if g in unverified:
+                continue
             times = [t.reasm.layer_ready_at.get(g) for t in self.targets.values()]
             if all(x is not None for x in times):
                 out[g] = (max(x for x in times if x is not None) - self.t0) * 1000
@@ -247,10 +277,16 @@ class RetrievalState:
         return sum(t.blocks for t in self.targets.values())
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """K and V of the reused prefix; layers that are not usable are zero, so that
+        nothing unverified (or withdrawn) ever reaches the output."""
         parts = [self.targets[s] for s in sorted(self.targets)]
         if not parts:
             d = self.descriptor
             shape = (d.layers, d.kv_heads, 0, d.head_dim)
             return np.zeros(shape, d.dtype), np.zeros(shape, d.dtype)
-        return (np.concatenate([t.reasm.k for t in parts], axis=2),
-                np.concatenate([t.reasm.v for t in parts], axis=2))
+        k = np.concatenate([t.reasm.k for t in parts], axis=2)
+        v = np.concatenate([t.reasm.v for t in parts], axis=2)
+        for g in self.missing_layers():
+            k[g] = 0
+            v[g] = 0
+        return k, v

@@ -10,6 +10,12 @@ partly received segment only if both manifests say "deterministic": true, otherw
 segment starts over. Recovery is bounded by the time recomputation would take:
 ``recompute_ms_per_layer`` x the number of layers still missing, from the moment recovery
 starts; past that the consumer gives up and reports which layers to recompute.
+
+Two more bounds: ``deadline`` (seconds from the start, ``--deadline-ms``) ends the whole
+retrieval, discovery and recovery included, with what is usable by then (a "hit but late"
+is reported as layers to recompute, never waited out); and with ``require_cose`` an Object
+is used only once a verified signed manifest version lists its digest, so the retrieval
+waits (bounded) for that version, and what no version listed is reported as unverified.
 """
 
 from __future__ import annotations
@@ -39,10 +45,11 @@ from .errors import (
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_REFUSED,
+    EXIT_UNVERIFIED,
     NotFound,
     PeerError,
 )
-from .live import LiveRetrieval
+from .live import LiveRetrieval, await_listing
 from .report import build_report
 from .state import RetrievalState, Tamper, Target
 from .verification import ManifestRefused, ManifestVerifier, Reassembler
@@ -69,6 +76,7 @@ class RetrieveOptions:
     recompute_ms_per_layer: float = 50.0
     discovery_window: float = 0.5
     stall_timeout: float = 10.0
+    deadline: float | None = None  # seconds for the whole retrieval; None: unbounded
     tamper: Tamper | None = None
 
 
@@ -117,21 +125,28 @@ async def retrieve(opts: RetrieveOptions) -> Retrieval:
     if not keys:
         raise NotFound("the prompt is shorter than one block: nothing can be reused")
     trusted = max((n for _, n in opts.publications if n is not None), default=None)
-    state = RetrievalState(d, keys, opts.codec, opts.joint, opts.tamper, trusted)
+    state = RetrievalState(d, keys, opts.codec, opts.joint, opts.tamper, trusted,
+                           require_listed=opts.require_cose)
     state.on_progress = opts.progress
+    if opts.deadline is not None:
+        state.deadline = state.t0 + opts.deadline
     sessions = _Sessions(opts.access)
     refusals: list[str] = []
     found: list[tuple[str, Candidate]] = []
     try:
-        primary_url = await _primary(opts, state, sessions, keys, refusals, found)
-        if not state.targets:
-            if sessions.failed and len(sessions.failed) == len(opts.access.urls):
-                raise PeerError("; ".join(sessions.failed.values()))
-            if refusals:
-                raise ManifestRefused("; ".join(dict.fromkeys(refusals)))
-            raise NotFound("no publication of this prompt's prefix on any relay")
-        if not state.complete:
-            await _recover(opts, state, sessions, found, primary_url)
+        async with asyncio.timeout(opts.deadline):
+            primary_url = await _primary(opts, state, sessions, keys, refusals, found)
+            if not state.targets:
+                if sessions.failed and len(sessions.failed) == len(opts.access.urls):
+                    raise PeerError("; ".join(sessions.failed.values()))
+                if refusals:
+                    raise ManifestRefused("; ".join(dict.fromkeys(refusals)))
+                raise NotFound("no publication of this prompt's prefix on any relay")
+            if not state.complete:
+                await _recover(opts, state, sessions, found, primary_url)
+    except TimeoutError:
+        state.deadline_passed = True
+        state.decide("deadline", missing_layers=state.missing_layers())
     finally:
         await sessions.close()
     return _result(opts, state, refusals)
@@ -209,6 +224,10 @@ async def _attempt(opts: RetrieveOptions, state: RetrievalState, session: MoqtSe
     if state.manifest is None or not state.manifest_final:
         await fetch_manifest(session, state)
     await retrieve_completed(session, url, state, layers)
+    if state.unverified_layers() and not state.manifest_final:
+        left = state.remaining()
+        await await_listing(session, url, state,
+                            opts.stall_timeout if left is None else min(left, opts.stall_timeout))
 
 
 def _switch(opts: RetrieveOptions, state: RetrievalState, ns: KvcsNamespace) -> None:
@@ -274,8 +293,12 @@ def _result(opts: RetrieveOptions, state: RetrievalState, refusals: list[str]) -
     missing = state.missing_layers()
     reused = state.reused_blocks() * opts.descriptor.block_tokens
     code = EXIT_OK if not missing else EXIT_PARTIAL
+    if state.unverified_objects():
+        code = EXIT_UNVERIFIED
     if not state.targets:
-        code = EXIT_REFUSED if refusals else EXIT_NOT_FOUND
+        # Past the deadline nothing is known to be absent: recompute everything.
+        code = EXIT_PARTIAL if state.deadline_passed else \
+            EXIT_REFUSED if refusals else EXIT_NOT_FOUND
     for g in missing:
         state.decide("recompute", layer=g)
     report = build_report(state, opts.mode, missing, code)

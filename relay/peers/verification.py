@@ -8,7 +8,9 @@ Objects: 3.5's checks always; the manifest's listed digest when the version at h
 the Group. During production the manifest lags the data by up to eight layers, so an Object
 whose digest is not listed yet is used on the strength of 3.5 and re-checked when a later
 version lists it; a mismatch then withdraws it from the reassembly (``forget``) and the
-block counts as missing again.
+block counts as missing again. When producer authenticity is required, 3.5 is not enough
+(anyone can write a self-consistent header): such an Object is held, its layer not usable,
+until a verified signed version lists its digest (``RetrievalState.require_listed``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@ publications."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from relay.kvcs.descriptor import Descriptor
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
 from relay.peers.connect import RelayAccess
+from relay.peers.publisher import PublishOptions, publish_plan
 from relay.service import RelayConfig, RunningRelay, start_relay
 from relay.transport.tls import KEY_NAME
 
@@ -21,13 +24,16 @@ SCOPE_KEY = bytes(range(32))
 LAYERS, HEADS, DIM, B = 4, 2, 8, 4
 
 
-async def relay_at(data_dir: Path, tls_of: RunningRelay | None = None) -> RunningRelay:
+async def relay_at(data_dir: Path, tls_of: RunningRelay | None = None, *,
+                   upstream: Sequence[str] = (), memory_bytes: int = 64 << 20
+                   ) -> RunningRelay:
     """``tls_of``: reuse that relay's certificate, so one CA file trusts both."""
     cert = key = None
     if tls_of is not None:
         cert, key = tls_of.certfile, tls_of.certfile.parent / KEY_NAME
-    cfg = RelayConfig(listen_port=0, data_dir=data_dir, memory_bytes=64 << 20,
-                      lmdb_bytes=64 << 20, cert=cert, key=key)
+    cfg = RelayConfig(listen_port=0, data_dir=data_dir, memory_bytes=memory_bytes,
+                      lmdb_bytes=64 << 20, cert=cert, key=key, upstream=list(upstream),
+                      upstream_insecure=True)
     return await start_relay(cfg)
 
 
@@ -54,3 +60,19 @@ def plan(c: Cache, segment_blocks: Sequence[int] | None = None, **kw: object
          ) -> PublicationPlan:
     return PublicationPlan(c.k, c.v, c.descriptor, SCOPE_KEY, c.tokens,
                            segment_blocks=segment_blocks, **kw)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def announced(p: PublicationPlan, *relays: RunningRelay, confirm: str = "fetch"
+                    ) -> AsyncIterator[None]:
+    """``p`` published and confirmed, its publisher still connected inside the block:
+    NAMESPACE is only sent for a namespace that is announced."""
+    hold, confirmed = asyncio.Event(), asyncio.Event()
+    pub = asyncio.ensure_future(publish_plan(p, access(*relays), PublishOptions(
+        hold=hold, confirmed=confirmed, confirm=confirm)))
+    try:
+        await asyncio.wait_for(confirmed.wait(), TIMEOUT)
+        yield
+    finally:
+        hold.set()
+        await asyncio.wait_for(pub, TIMEOUT)

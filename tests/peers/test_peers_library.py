@@ -10,7 +10,17 @@ from typing import Any
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-from peers_helpers import SCOPE_KEY, TIMEOUT, B, Cache, access, cache, plan, relay_at
+from peers_helpers import (
+    SCOPE_KEY,
+    TIMEOUT,
+    B,
+    Cache,
+    access,
+    announced,
+    cache,
+    plan,
+    relay_at,
+)
 
 from relay.kvcs.cose import KeyStore
 from relay.kvcs.namespace import KvcsNamespace
@@ -84,12 +94,7 @@ async def test_longer_prompt_discovers_shorter_publication_and_others_find_nothi
         relay: Any) -> None:
     c = cache(blocks=4)
     p = plan(c)
-    hold, confirmed = asyncio.Event(), asyncio.Event()
-    # the publisher stays connected: NAMESPACE is only sent while it is announced
-    pub = asyncio.ensure_future(publish_plan(p, access(relay), PublishOptions(
-        hold=hold, confirmed=confirmed)))
-    try:
-        await asyncio.wait_for(confirmed.wait(), TIMEOUT)
+    async with announced(p, relay):
         longer = Cache(c.descriptor, c.k, c.v, c.tokens + [5] * (2 * B))
         res = await _retrieve(_opts((relay,), longer))
         assert res.exit_code == EXIT_OK, res.report
@@ -103,9 +108,6 @@ async def test_longer_prompt_discovers_shorter_publication_and_others_find_nothi
         with pytest.raises(NotFound):
             await _retrieve(RetrieveOptions(access(relay), c.descriptor, bytes(32),
                                             c.tokens))
-    finally:
-        hold.set()
-        await asyncio.wait_for(pub, TIMEOUT)
 
 
 async def test_live_subscribers_before_during_after_get_everything_once(relay: Any) -> None:

@@ -225,6 +225,12 @@ def _configuration(settings: QuicSettings, is_client: bool, alpn: list[str]
     )
 
 
+def _receive_many(quic: QuicConnection, datagrams: list[bytes], addr: Any, now: float
+                  ) -> None:
+    for data in datagrams:
+        quic.receive_datagram(data, addr, now=now)
+
+
 class _NeverRaised(Exception):
     """aioquic's datagrams_to_send raises nothing the endpoint should survive."""
 
@@ -245,6 +251,7 @@ BACKEND = QuicBackend(
     h3_events=h3_events,
     forget_h3_stream=_forget_h3_stream,
     h3_knows_stream=lambda h3, sid: sid in h3._stream,
+    receive_many=_receive_many,
     transmit_error=_NeverRaised,
     trust=lambda config, ca_file: config.load_verify_locations(cafile=ca_file),
 )

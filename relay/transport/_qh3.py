@@ -160,6 +160,8 @@ BACKEND = QuicBackend(
     h3_events=h3_events,
     forget_h3_stream=_forget_h3_stream,
     h3_knows_stream=lambda h3, sid: sid in h3._stream,
+    receive_many=lambda quic, datagrams, addr, now: quic.receive_many_datagrams(
+        datagrams, addr, now=now),
     transmit_error=QuicConnectionError,
     trust=_trust,
 )

@@ -15,6 +15,7 @@ from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
 from .endpoint import Endpoint
 from .errors import ConnectTimeout
+from .gso import DatagramSender, gso_supported
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ async def connect(url: str, *, settings: QuicSettings | None = None,
         lambda: Endpoint(quic, backend=backend, settings=settings, path=path,
                          authority=authority), sock=sock)
     install(loop, sock, ep)
+    ep._sender = DatagramSender(sock, ep._transport, gso_supported(sock))  # type: ignore[arg-type]
     ep.connect(addr)
     try:
         return await asyncio.wait_for(asyncio.shield(ep._ready), settings.connect_timeout)

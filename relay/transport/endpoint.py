@@ -23,6 +23,7 @@ from .burst import BURST
 from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
 from .errors import ConnectionClosed, ProtocolNegotiationError, TransportError
+from .gso import DatagramSender
 from .webtransport import (
     CAPSULE_CLOSE_WEBTRANSPORT_SESSION,
     H3_NO_ERROR,
@@ -68,6 +69,7 @@ class Endpoint(asyncio.DatagramProtocol):
         self._ev = backend.events
         self._view: QuicView = backend.view(quic, settings)
         self._transport: asyncio.DatagramTransport | None = None
+        self._sender: DatagramSender | None = None  # set by client/server: GSO batching
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._transmit_task: asyncio.Handle | None = None
@@ -78,6 +80,8 @@ class Endpoint(asyncio.DatagramProtocol):
         self._settings = settings
         self._server = server
         self._burst_dirty = False
+        self._pending: list[bytes] = []  # datagrams of the current burst, not yet fed
+        self._pending_addr: Any = None
         self._is_client = quic.configuration.is_client
         self._local_bit = 0 if self._is_client else 1
         self._path = path
@@ -473,17 +477,28 @@ class Endpoint(asyncio.DatagramProtocol):
         self.transmit()
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
-        self._quic.receive_datagram(data, addr, now=self._loop.time())
         if BURST.active:
-            # Part of a burst (see burst.py): process once at its end.
+            # Part of a burst (see burst.py): handed to QUIC in one call and processed
+            # once, at its end (a native core decrypts the whole batch in one go).
+            if self._pending and addr != self._pending_addr:
+                self._receive_pending()
+            self._pending.append(data)  # type: ignore[arg-type]
+            self._pending_addr = addr
             if not self._burst_dirty:
                 self._burst_dirty = True
                 BURST.dirty.append(self)
             return
+        self._quic.receive_datagram(data, addr, now=self._loop.time())
         self.burst_flush()
+
+    def _receive_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        self._b.receive_many(self._quic, pending, self._pending_addr, self._loop.time())
 
     def burst_flush(self) -> None:
         self._burst_dirty = False
+        if self._pending:
+            self._receive_pending()
         self._process_events()
         self.transmit()
         self._check_peer_close()
@@ -535,8 +550,11 @@ class Endpoint(asyncio.DatagramProtocol):
                 log.debug("%s: transmit failed (%s); retrying", self._b.name, e)
                 datagrams = []
                 self._loop.call_later(0.001, self._transmit_soon)
-            for data, addr in datagrams:
-                transport.sendto(data, addr)
+            if self._sender is not None:
+                self._sender.send(datagrams)
+            else:
+                for data, addr in datagrams:
+                    transport.sendto(data, addr)
         timer_at = self._quic.get_timer()
         if self._timer is not None and self._timer_at != timer_at:
             self._timer.cancel()

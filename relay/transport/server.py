@@ -16,6 +16,7 @@ from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
 from .endpoint import Endpoint
 from .errors import ConnectionClosed
+from .gso import DatagramSender, gso_supported
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class Server:
         self.wt_path = wt_path
         self._udp: Any = None  # the backend's QuicServer
         self._sock: socket.socket | None = None
+        self._sender: DatagramSender | None = None
         self._endpoints: weakref.WeakSet[Endpoint] = weakref.WeakSet()
         self._connections: set[Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -73,6 +75,7 @@ class Server:
 
     def _create_protocol(self, quic: Any, stream_handler: Any = None) -> Endpoint:
         ep = Endpoint(quic, backend=self.backend, settings=self.settings, server=self)
+        ep._sender = self._sender
         self._endpoints.add(ep)
         return ep
 
@@ -151,9 +154,10 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     server = Server(handler, settings, wt_path, backend)
     loop = asyncio.get_running_loop()
     sock = make_socket(host, port)
-    _, udp = await loop.create_datagram_endpoint(
+    transport, udp = await loop.create_datagram_endpoint(
         lambda: backend.server(config, server._create_protocol), sock=sock)
     install(loop, sock, udp)
     server._udp = udp
     server._sock = sock
+    server._sender = DatagramSender(sock, transport, gso_supported(sock))
     return server

@@ -4,56 +4,88 @@ production), for a synthetic cache of 32 KiB Objects (8 heads x 16 tokens x 128 
 
 Default 8 layers x 8 blocks (4 MiB of K+V); BENCH_KVCS_FULL=1 runs the full 32 layers x
 256 blocks shape (512 MiB). BENCH_KVCS_LAYER_MS sets the emulated prefill time per layer
-(default 20). The relay runs in this process (relay.service.start_relay) on 127.0.0.1.
+(default 20). The relay runs as its own process (``kvcs relay``, as deployed) on 127.0.0.1,
+once per QUIC backend (both peers on the same backend, in this process).
+
+A real-shape row: FETCH of a completed Llama-3-8B-shaped publication (32 layers, 8 KV heads,
+head dim 128, bfloat16, BENCH_KVCS_REAL_TOKENS tokens: 4096 = 512 MiB; default 512 = 64 MiB),
+seconds from the start of the retrieval until the last layer is usable.
+
 Run: ``python -m benchmarks kvcs``. Besides the table and results/kvcs.json, it draws
 results/kvcs.png: per-layer usable time vs layer, live and completed, beside the time each
-layer was produced.
+layer was produced (qh3).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from benchmarks._report import report
+from benchmarks.bench_relay import _RelayProcess
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
 from relay.peers.connect import RelayAccess
 from relay.peers.publisher import PublishOptions, publish_plan
 from relay.peers.subscriber import RetrieveOptions, retrieve
-from relay.service import RelayConfig, start_relay
+from relay.transport.backend import set_default_backend
 
 HEADS, DIM, B = 8, 128, 16
 SCOPE_KEY = bytes(range(32))
 
 
-async def _run(layers: int, blocks: int, layer_ms: float
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _namespace_subscriptions(metrics_port: int) -> float:
+    """SUBSCRIBE_NAMESPACE requests the relay accepted so far (from its /metrics)."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("kvcs_relay_requests_total{")
+               and 'type="subscribe_namespace"' in line and 'result="ok"' in line)
+
+
+def _relay(tmp: Path, backend: str, nbytes: int, metrics_port: int) -> _RelayProcess:
+    return _RelayProcess(tmp, 1200, backend, extra=(
+        "--memory-bytes", str(4 * nbytes + (64 << 20)),
+        "--lmdb-bytes", str(4 * nbytes + (256 << 20)),
+        "--metrics-listen", f"127.0.0.1:{metrics_port}"))
+
+
+async def _run(layers: int, blocks: int, layer_ms: float, backend: str
                ) -> tuple[list[list[Any]], dict[str, list[float | None]]]:
+    set_default_backend(client=backend)
     d = synthetic_descriptor(layers, HEADS, DIM, "float16", block_tokens=B)
     k, v = synthetic_kv(layers, HEADS, DIM, blocks * B, "float16", seed=1)
     tokens = synthetic_tokens(blocks * B, seed=1)
     rows: list[list[Any]] = []
     series: dict[str, list[float | None]] = {}
     produced_at: list[float] = []
+    mport = _free_tcp_port()
     with tempfile.TemporaryDirectory() as tmp:
-        running = await start_relay(RelayConfig(
-            listen_port=0, data_dir=Path(tmp), memory_bytes=4 * k.nbytes + (64 << 20),
-            lmdb_bytes=4 * k.nbytes + (256 << 20)))
-        access = RelayAccess((running.url,), ca_file=running.certfile)
-        try:
+        async with _relay(Path(tmp), backend, k.nbytes, mport) as running:
+            access = RelayAccess((running.url,), ca_file=running.certfile)
             plan = PublicationPlan(k, v, d, SCOPE_KEY, tokens)
             opts = RetrieveOptions(access, d, SCOPE_KEY, tokens, mode="live",
                                    discovery_window=60.0, stall_timeout=60.0)
+            before = await asyncio.to_thread(_namespace_subscriptions, mport)
             consumer_start = time.monotonic()
             live = asyncio.ensure_future(retrieve(opts))
             # give the consumer's SUBSCRIBE_NAMESPACEs a head start over the publisher
             async with asyncio.timeout(30):
-                while not running.relay.namespaces._listeners:
-                    await asyncio.sleep(0.001)
+                while await asyncio.to_thread(_namespace_subscriptions, mport) <= before:
+                    await asyncio.sleep(0.005)
             produce_start = time.monotonic()
             summary = await publish_plan(plan, access, PublishOptions(
                 layer_ms=layer_ms, confirm="fetch",
@@ -62,17 +94,43 @@ async def _run(layers: int, blocks: int, layer_ms: float
             produced = (time.monotonic() - produce_start) * 1000
             res = await asyncio.wait_for(live, 600)
             shift = (produce_start - consumer_start) * 1000
-            rows.append(_row("live", res.report, shift, produced, summary.bytes))
+            first_produced = series["production"][0] if series["production"] else 0.0
+            rows.append(_row(backend, "live", res.report, shift, produced, summary.bytes,
+                             first_produced))
             series["live"] = _usable(res.report, shift)
 
             opts = RetrieveOptions(access, d, SCOPE_KEY, tokens, mode="completed",
                                    publications=[(plan.namespace, None)])
             res = await asyncio.wait_for(retrieve(opts), 600)
-            rows.append(_row("completed", res.report, 0.0, produced, summary.bytes))
+            rows.append(_row(backend, "completed", res.report, 0.0, produced, summary.bytes,
+                             None))
             series["completed"] = _usable(res.report, 0.0)
-        finally:
-            await running.close()
     return rows, series
+
+
+async def _real_shape(tokens_n: int, backend: str) -> list[Any]:
+    """Seconds until the last layer of a completed Llama-3-8B-shaped cache is usable."""
+    set_default_backend(client=backend)
+    layers, heads, dim = 32, 8, 128
+    d = synthetic_descriptor(layers, heads, dim, "bfloat16", block_tokens=B)
+    k, v = synthetic_kv(layers, heads, dim, tokens_n, "bfloat16", seed=2)
+    tokens = synthetic_tokens(tokens_n, seed=2)
+    mport = _free_tcp_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        async with _relay(Path(tmp), backend, k.nbytes, mport) as running:
+            access = RelayAccess((running.url,), ca_file=running.certfile)
+            plan = PublicationPlan(k, v, d, SCOPE_KEY, tokens)
+            await publish_plan(plan, access, PublishOptions(confirm="fetch"))
+            opts = RetrieveOptions(access, d, SCOPE_KEY, tokens, mode="completed",
+                                   publications=[(plan.namespace, None)])
+            res = await asyncio.wait_for(retrieve(opts), 1800)
+    rep = res.report
+    assert rep["exit_code"] == 0, rep["decisions"]
+    full_s = rep["all_layers_ms"] / 1000
+    return [backend, f"completed, Llama-3-8B shape, {tokens_n} tokens",
+            round(rep["first_layer_ms"], 1), round(rep["all_layers_ms"], 1), "",
+            "", rep["objects_verified"], k.nbytes + v.nbytes,
+            round((k.nbytes + v.nbytes) / (1 << 20) / full_s, 1)]
 
 
 def _usable(rep: dict[str, Any], shift_ms: float) -> list[float | None]:
@@ -110,13 +168,14 @@ def _plot(series: dict[str, list[float | None]], path: Path, layer_ms: float) ->
     print(f"(plot written to {path})")
 
 
-def _row(mode: str, rep: dict[str, Any], shift_ms: float, produced_ms: float,
-         published_bytes: int) -> list[Any]:
+def _row(backend: str, mode: str, rep: dict[str, Any], shift_ms: float, produced_ms: float,
+         published_bytes: int, first_produced_ms: float | None) -> list[Any]:
     assert rep["exit_code"] == 0, rep["decisions"]
     first = rep["first_layer_ms"] - shift_ms
     full = rep["all_layers_ms"] - shift_ms
     mib_s = rep["bytes"] / (1 << 20) / (full / 1000) if full > 0 else 0.0
-    return [mode, round(first, 1), round(full, 1), round(produced_ms, 1),
+    lag = "" if first_produced_ms is None else round(first - first_produced_ms, 1)
+    return [backend, mode, round(first, 1), round(full, 1), round(produced_ms, 1), lag,
             rep["objects_verified"], published_bytes, round(mib_s, 1)]
 
 
@@ -124,14 +183,24 @@ def main() -> None:
     full = os.environ.get("BENCH_KVCS_FULL") == "1"
     layers, blocks = (32, 256) if full else (8, 8)
     layer_ms = float(os.environ.get("BENCH_KVCS_LAYER_MS", "20"))
-    rows, series = asyncio.run(_run(layers, blocks, layer_ms))
-    out = report("kvcs", ["mode", "first_layer_ms", "full_cache_ms", "production_ms", "objects",
-                    "published_bytes", "MiB/s"], rows,
-           {"layers": layers, "blocks": blocks, "object_bytes": HEADS * B * DIM * 2,
-            "layer_ms": layer_ms,
-            "note": "live times count from the start of production, completed times from "
-                    "the start of the FETCH retrieval",
-            "per_layer_ms": series})
+    real_tokens = int(os.environ.get("BENCH_KVCS_REAL_TOKENS", "4096" if full else "512"))
+    rows: list[list[Any]] = []
+    series: dict[str, list[float | None]] = {}
+    for backend in ("aioquic", "qh3"):
+        r, series = asyncio.run(_run(layers, blocks, layer_ms, backend))
+        rows += r
+    for backend in ("aioquic", "qh3"):
+        rows.append(asyncio.run(_real_shape(real_tokens, backend)))
+    out = report("kvcs", ["backend", "mode", "first_layer_ms", "full_cache_ms",
+                          "production_ms", "first_layer_after_production_ms", "objects",
+                          "published_bytes", "MiB/s"], rows,
+                 {"layers": layers, "blocks": blocks, "object_bytes": HEADS * B * DIM * 2,
+                  "layer_ms": layer_ms, "real_shape_tokens": real_tokens,
+                  "note": "relay in its own process; live times count from the start of "
+                          "production, completed times from the start of the FETCH "
+                          "retrieval; first_layer_after_production_ms = first usable layer "
+                          "minus the time layer 0 was handed to QUIC (target <= 50)",
+                  "per_layer_ms_qh3": series})
     _plot(series, out.with_suffix(".png"), layer_ms)
 
 

@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 from backends import ALL, SAME, use_backends
 
-# Folders whose every test runs once per backend pair (server side, client side). Mixed
-# pairs where the transport, the session and the relay core meet the other library.
-_SUITES = {"transport": ALL, "session": ALL, "core": ALL, "ops": SAME, "interop": SAME,
+# Folders whose every test runs once per backend pair (server side, client side): mixed
+# pairs where the transport and the session meet the other library, and for the relay core
+# in the modules where its sessions (clients, publishers, an upstream relay) do; the rest
+# of the core on each backend alone, to keep the suite within CI's budget.
+_SUITES = {"transport": ALL, "session": ALL, "core": SAME, "ops": SAME, "interop": SAME,
            "e2e": SAME}
+_MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL}
 
 
 def _pairs(path: Path) -> dict[str, tuple[str, str]] | None:
@@ -19,7 +22,9 @@ def _pairs(path: Path) -> dict[str, tuple[str, str]] | None:
     if "tests" not in parts:
         return None
     rel = parts[parts.index("tests") + 1:]
-    return _SUITES.get(rel[0]) if len(rel) > 1 else None
+    if len(rel) < 2:
+        return None
+    return _MODULES.get(rel[-1], _SUITES.get(rel[0]))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -21,6 +21,7 @@ from relay.transport import (
     connect,
     ensure_self_signed,
     fingerprint,
+    serve,
 )
 from relay.transport.backend import get_backend
 
@@ -191,3 +192,72 @@ async def test_webtransport_server_must_select_moqt(harness: Harness,
     with pytest.raises(ProtocolNegotiationError):
         await w(connect(url_for(harness.server, "webtransport"), settings=SETTINGS,
                         ca_file=harness.certs.certfile))
+
+
+def _ca_and_leaf(tmp: Path) -> tuple[Path, Path, Path]:
+    """A CA certificate, and a server certificate + key it signed (SANs: localhost, 127.0.0.1)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvcs test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                       crl_sign=True, content_commitment=False,
+                                       key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False,
+                                       decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = tmp / "ca.pem", tmp / "leaf.pem", tmp / "leaf.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+async def test_a_ca_signed_server_certificate_is_verified(tmp_path: Path) -> None:
+    """A CA file holding a real CA (not the pinned self-signed case): the chain is verified."""
+    ca, leaf, key = _ca_and_leaf(tmp_path)
+
+    async def handler(conn: object) -> None:
+        await conn.wait_closed()  # type: ignore[attr-defined]
+
+    server = await serve("127.0.0.1", 0, leaf, key, handler, settings=SETTINGS)
+    try:
+        url = f"moqt://127.0.0.1:{server.port}/"
+        conn = await w(connect(url, settings=SETTINGS, ca_file=ca))
+        assert not conn.closed
+        await w(conn.aclose())
+        (tmp_path / "other").mkdir()
+        other, _, _ = _ca_and_leaf(tmp_path / "other")
+        with pytest.raises(ConnectionClosed) as e:
+            await w(connect(url, settings=SETTINGS, ca_file=other))
+        assert not e.value.application
+    finally:
+        await w(server.close(grace=0.2))

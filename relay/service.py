@@ -222,8 +222,9 @@ async def run_forever(config: RelayConfig) -> None:
         if config.ready_file is not None:
             _write_ready_file(Path(config.ready_file), running)
         # after the ready file and the signal handlers: whoever sees this line may use both
-        log.info("relay ready on %s (WebTransport %s) data-dir=%s certificate=%s sha256=%s "
-                 "metrics=%s", running.url, running.wt_url, config.data_dir,
+        log.info("relay ready on %s (WebTransport %s) quic=%s data-dir=%s certificate=%s "
+                 "sha256=%s metrics=%s", running.url, running.wt_url,
+                 running.server.backend.name, config.data_dir,
                  running.certfile, running.fingerprint,
                  f"{config.metrics_listen[0]}:{running.metrics_port}"
                  if config.metrics_listen else "off")

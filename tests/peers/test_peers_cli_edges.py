@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from cli_harness import KVCS, free_udp_port, run_kvcs
 
 from relay.kvcs.cose import KeyStore, load_private_key
@@ -77,11 +78,13 @@ async def test_a_certificate_mismatch_is_only_the_projects_line(tmp_path: Path) 
     assert code == 1 and url in _one_error_line(err)
 
 
-async def test_the_ready_line_names_certificate_path_and_fingerprint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["aioquic", "qh3"])
+async def test_the_ready_line_names_certificate_path_and_fingerprint(tmp_path: Path,
+                                                                     backend: str) -> None:
     proc = await asyncio.create_subprocess_exec(
         *KVCS, "relay", "--listen", f"127.0.0.1:{free_udp_port()}", "--data-dir",
-        str(tmp_path), "--metrics-listen", "off", stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE)
+        str(tmp_path), "--metrics-listen", "off", "--quic-backend", backend,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
     try:
         async with asyncio.timeout(TIMEOUT):
@@ -92,6 +95,7 @@ async def test_the_ready_line_names_certificate_path_and_fingerprint(tmp_path: P
         await asyncio.wait_for(proc.communicate(), TIMEOUT)
     text = line.decode()
     assert f"certificate={tmp_path / 'tls' / 'cert.pem'} sha256=" in text
+    assert f" quic={backend} " in text  # the QUIC library the relay actually runs on
 
 
 async def test_inspect_tells_what_a_file_holds(tmp_path: Path) -> None:

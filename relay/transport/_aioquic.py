@@ -42,6 +42,7 @@ PRIVATE_MEMBERS = {
                      "_remote_max_data_used", "_remote_max_datagram_frame_size",
                      "_close_event", "_loss"),
     H3Connection: ("_stream",),
+    QuicServer: ("_protocols",),
 }
 
 
@@ -251,6 +252,7 @@ BACKEND = QuicBackend(
     h3_events=h3_events,
     forget_h3_stream=_forget_h3_stream,
     h3_knows_stream=lambda h3, sid: sid in h3._stream,
+    route=lambda server, cid: server._protocols.get(cid),
     receive_many=_receive_many,
     transmit_error=_NeverRaised,
     trust=lambda config, ca_file: config.load_verify_locations(cafile=ca_file),

@@ -38,6 +38,7 @@ from .tls import pinned_self_signed
 PRIVATE_MEMBERS_INSTANCE = ("_core", "_remote_addr", "_close_event",
                             "_remote_max_datagram_frame_size")
 PRIVATE_MEMBERS_H3 = ("_stream",)
+PRIVATE_MEMBERS_SERVER = ("_protocols",)
 
 
 class Qh3View:
@@ -160,6 +161,7 @@ BACKEND = QuicBackend(
     h3_events=h3_events,
     forget_h3_stream=_forget_h3_stream,
     h3_knows_stream=lambda h3, sid: sid in h3._stream,
+    route=lambda server, cid: server._protocols.get(cid),
     receive_many=lambda quic, datagrams, addr, now: quic.receive_many_datagrams(
         datagrams, addr, now=now),
     transmit_error=QuicConnectionError,

@@ -107,6 +107,8 @@ class QuicBackend:
     forget_h3_stream: Callable[[Any, int], None]
     """Make the H3Connection forget a stream the endpoint routes itself."""
     h3_knows_stream: Callable[[Any, int], bool]
+    route: Callable[[Any, bytes], Any]
+    """(QuicServer, destination connection ID) -> the connection's protocol, or None."""
     receive_many: Callable[[Any, list[bytes], Any, float], None]
     """(quic, datagrams, addr, now): feed several datagrams of one peer at once."""
     transmit_error: type[Exception]

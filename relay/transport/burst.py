@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any, Protocol
 
 MAX_BURST = 64
+CID_LENGTH = 8  # our connection IDs (both libraries' default connection_id_length)
 _MAX_DATAGRAM = 65536
 UDP_GRO = 104  # linux/udp.h; Python 3.11's socket module does not name it
 _SOL_UDP = getattr(socket, "SOL_UDP", 17)
@@ -55,8 +57,13 @@ def make_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def install(loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: Any) -> None:
+def install(loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: Any,
+            route: Callable[[bytes], Any] | None = None) -> None:
     """Replace the transport's one-datagram reader for ``sock`` with a burst reader.
+
+    ``route(dcid)``, for a server socket, finds the connection a short-header packet's
+    Destination Connection ID belongs to, so 1-RTT packets (all of a transfer) skip the
+    library's per-datagram demultiplexing; anything else goes through ``protocol``.
 
     The public add_reader/remove_reader refuse a socket owned by a transport, so this uses
     the selector loop's own ``_add_reader``/``_remove_reader`` (what its transports call);
@@ -91,13 +98,16 @@ def install(loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: Any)
                 except OSError as e:
                     protocol.error_received(e)
                     break
+                target = protocol
+                if route is not None and data and not data[0] & 0x80:  # short header
+                    target = route(data[1:1 + CID_LENGTH]) or protocol
                 seg = _segment_size(anc) if anc else 0
                 if seg and len(data) > seg:
                     view = memoryview(data)
                     for off in range(0, len(data), seg):
-                        protocol.datagram_received(bytes(view[off:off + seg]), addr)
+                        target.datagram_received(bytes(view[off:off + seg]), addr)
                 else:
-                    protocol.datagram_received(data, addr)
+                    target.datagram_received(data, addr)
         finally:
             BURST.active = False
             dirty, BURST.dirty = BURST.dirty, []

@@ -156,7 +156,7 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     sock = make_socket(host, port)
     transport, udp = await loop.create_datagram_endpoint(
         lambda: backend.server(config, server._create_protocol), sock=sock)
-    install(loop, sock, udp)
+    install(loop, sock, udp, route=lambda cid: backend.route(udp, cid))
     server._udp = udp
     server._sock = sock
     server._sender = DatagramSender(sock, transport, gso_supported(sock))

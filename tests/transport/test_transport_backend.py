@@ -59,8 +59,9 @@ def _fresh(name: str) -> object:
     return backend.connection(backend.configuration(QuicSettings(), True, ["moqt-22"]))
 
 
-def _h3_uses(h3_class: type, name: str) -> bool:
-    return name in h3_class.__init__.__code__.co_names
+def _h3_uses(cls: type, name: str) -> bool:
+    """``cls.__init__`` sets or reads attribute ``name``."""
+    return name in cls.__init__.__code__.co_names
 
 
 def test_aioquic_private_members_still_exist() -> None:
@@ -74,6 +75,9 @@ def test_aioquic_private_members_still_exist() -> None:
         assert hasattr(quic, name), f"aioquic QuicConnection.{name}"
     for name in _aioquic.PRIVATE_MEMBERS[H3Connection]:
         assert _h3_uses(H3Connection, name), f"aioquic H3Connection.{name}"
+    from aioquic.asyncio.server import QuicServer
+    for name in _aioquic.PRIVATE_MEMBERS[QuicServer]:
+        assert _h3_uses(QuicServer, name), f"aioquic QuicServer.{name}"
 
 
 def test_qh3_private_members_still_exist() -> None:
@@ -89,6 +93,9 @@ def test_qh3_private_members_still_exist() -> None:
         assert hasattr(QuicConnectionCore, name), f"qh3 QuicConnectionCore.{name}"
     for name in _qh3.PRIVATE_MEMBERS_H3:
         assert _h3_uses(H3Connection, name), f"qh3 H3Connection.{name}"
+    from qh3.asyncio.server import QuicServer
+    for name in _qh3.PRIVATE_MEMBERS_SERVER:
+        assert _h3_uses(QuicServer, name), f"qh3 QuicServer.{name}"
 
 
 def test_unknown_backend_is_refused() -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -88,10 +89,24 @@ def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
     logs.setup(settings.log_level, settings.log_format,
                secrets=[t["token"] for t in settings.auth_tokens]
                + [settings.admin_token or ""])
-    from relay.service import run_forever
+    from relay.service import WorkerRole, run_forever
 
+    config = settings.relay_config()
+    worker_dir = os.environ.get("KVCS_WORKER_DIR")
     try:
-        asyncio.run(run_forever(settings.relay_config()))
+        if worker_dir:  # started by a supervisor (relay/workers.py)
+            fd = os.environ.get("KVCS_WORKER_FD")
+            config.worker = WorkerRole(int(os.environ["KVCS_WORKER_INDEX"]), Path(worker_dir),
+                                       os.environ["KVCS_WORKER_SECRET"],
+                                       int(fd) if fd else None)
+        elif settings.workers > 1:
+            from relay.workers import supervise
+
+            env = _as_env(flags)
+            if config_file is not None:
+                env["KVCS_RELAY_CONFIG"] = str(config_file.resolve())
+            sys.exit(asyncio.run(supervise(config, settings.workers, env)))
+        asyncio.run(run_forever(config))
     except OSError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -105,6 +120,18 @@ def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
 from relay.admin_client import admin as _admin_command  # noqa: E402 (after the group exists)
 
 main.add_command(_admin_command)
+
+def _as_env(flags: dict[str, Any]) -> dict[str, str]:
+    """The command line's settings as KVCS_RELAY_* variables, for the worker processes (who
+    get the same environment and configuration file, and their own few flags)."""
+    env = {}
+    for key in KEYS:
+        raw = flags.get(key.name)
+        if raw is None or raw == ():
+            continue
+        env[key.env] = ",".join(raw) if key.multiple else ("true" if raw is True else str(raw))
+    return env
+
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -90,6 +90,18 @@ def _str_list(v: Any) -> list[str]:
     raise ValueError(f"expected a list of strings, got {v!r}")
 
 
+def _workers(v: Any) -> int:
+    """A count of worker processes, or "auto": one per usable core."""
+    if str(v).strip().lower() == "auto":
+        from relay.workers import usable_cores
+
+        return usable_cores()
+    n = _int(v)
+    if n < 1:
+        raise ValueError(f"expected a positive count or auto, got {v!r}")
+    return n
+
+
 def _choice(*choices: str) -> Callable[[Any], str]:
     def parse(v: Any) -> str:
         s = str(v).strip().lower()
@@ -149,6 +161,8 @@ KEYS: tuple[Key, ...] = (
         "[scopes.\"<hex>\"]; 0: none.", "0"),
     Key("max_datagram_size", _int, 1200, "UDP payload size; raise to the path MTU (e.g. "
         "8952) on jumbo-frame paths.", "1200"),
+    Key("workers", _workers, 1, "Relay worker processes sharing the UDP port and the LMDB "
+        "store (SO_REUSEPORT); auto: one per usable core. See docs/workers.md.", "1"),
     Key("quic_backend", _choice("aioquic", "qh3"), "aioquic", "QUIC library: aioquic, or "
         "qh3 (the fast extra: a native QUIC core, several times the throughput per core); "
         "see docs/transport.md.", "aioquic"),

@@ -12,12 +12,14 @@ import json
 import logging
 import os
 import signal
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.admin import AdminApi
 from relay.core.auth import Authorizer
 from relay.core.relay import Relay, RelayOptions
+from relay.core.siblings import SiblingLinks
 from relay.core.upstream import UpstreamLink
 from relay.metrics import MetricsServer, RelayMetrics
 from relay.session import SessionConfig
@@ -61,6 +63,17 @@ class RelayConfig:
     admin_token: str | None = None
     # Per-scope byte quotas of both tiers (storage/quota.py); None: none.
     scope_quotas: ScopeQuotas | None = None
+    # One worker of `kvcs relay --workers N` (relay/workers.py, docs/workers.md): share the
+    # UDP port (SO_REUSEPORT), serve siblings on a loopback listener, link to theirs.
+    worker: WorkerRole | None = None
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    index: int
+    run_dir: Path  # the supervisor's: every worker's ready file, where siblings are found
+    secret: str  # the token sibling sessions present (granted everything when tokens are on)
+    fd: int | None = None  # the UDP socket the supervisor made for this worker index
 
 
 @dataclass
@@ -73,6 +86,8 @@ class RunningRelay:
     fingerprint: str
     metrics: RelayMetrics | None = None
     metrics_server: MetricsServer | None = None
+    sibling_server: Server | None = None
+    siblings: SiblingLinks | None = None
     closed: bool = False
 
     @property
@@ -120,7 +135,11 @@ class RunningRelay:
         self.closed = True
         if self.metrics_server is not None:
             await self.metrics_server.close()
+        if self.siblings is not None:
+            await self.siblings.close()
         await self.relay.close()
+        if self.sibling_server is not None:
+            await self.sibling_server.close()
         await self.server.close()
         self.store.close()
 
@@ -171,7 +190,12 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
                             backend=config.quic_backend,
                             send_buffer_high=config.send_buffer_bytes // 2,
                             connection_send_buffer_high=config.send_buffer_bytes)
-    authorizer = Authorizer.from_config(config.auth_tokens)
+    tokens = list(config.auth_tokens)
+    if config.worker is not None and tokens:
+        # sibling workers may ask each other for anything; nobody else holds this token
+        tokens.append({"token": config.worker.secret, "prefixes": [""],
+                       "roles": ["publish", "subscribe"]})
+    authorizer = Authorizer.from_config(tokens)
     upstream = None
     if config.upstream:
         upstream = UpstreamLink(
@@ -181,13 +205,31 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
             settings=settings, ca_file=config.upstream_ca, insecure=config.upstream_insecure)
     relay = Relay(store, options=config.options, authorizer=authorizer, upstream=upstream)
     try:
+        fd = config.worker.fd if config.worker is not None else None
         server = await serve(config.listen_host, config.listen_port, certfile, keyfile,
-                             relay.handle_connection, settings=settings, wt_path=config.wt_path)
+                             relay.handle_connection, settings=settings, wt_path=config.wt_path,
+                             reuse_port=config.worker is not None,
+                             sock=socket.socket(fileno=fd) if fd is not None else None)
     except BaseException:
         store.close()
         raise
     running = RunningRelay(relay, server, store, config, certfile, fp,
                            metrics=RelayMetrics(relay, store))
+    if config.worker is not None:
+        # the sibling listener has its own self-signed certificate (made by the supervisor
+        # before the workers start), which the links pin, whatever --cert serves outside
+        sib = ensure_self_signed(config.worker.run_dir / "tls")
+        try:
+            running.sibling_server = await serve(
+                "127.0.0.1", 0, sib.certfile, sib.keyfile, relay.handle_sibling_connection,
+                settings=settings)
+        except BaseException:
+            await running.close()
+            raise
+        running.siblings = SiblingLinks(relay, config.worker.run_dir, config.worker.index,
+                                        ca_file=sib.certfile, secret=config.worker.secret,
+                                        settings=settings)
+        running.siblings.start()
     if config.metrics_listen is not None:
         assert running.metrics is not None
         admin = AdminApi(relay, config.admin_token) if config.admin_token else None
@@ -204,9 +246,13 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
 
 
 def _write_ready_file(path: Path, running: RunningRelay) -> None:
+    info: dict[str, object] = {"port": running.port, "metrics_port": running.metrics_port,
+                               "pid": os.getpid()}
+    worker = running.config.worker
+    if worker is not None and running.sibling_server is not None:
+        info.update(index=worker.index, sibling_port=running.sibling_server.port)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"port": running.port, "metrics_port": running.metrics_port,
-                               "pid": os.getpid()}))
+    tmp.write_text(json.dumps(info))
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 

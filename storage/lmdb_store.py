@@ -117,7 +117,8 @@ class _Meta:
 
 
 class LmdbStore:
-    """The durable tier. One instance per directory per process."""
+    """The durable tier. One instance per directory per process; several processes may share
+    one directory (LMDB locks it; every write transaction re-reads the counters)."""
 
     def __init__(self, path: str | os.PathLike[str], capacity: int, *,
                  max_age: float | None = None, clock: Callable[[], float] = time.time,
@@ -325,6 +326,12 @@ class LmdbStore:
         """
         try:
             with self._env.begin(write=True) as txn:
+                # Another process (a relay worker, docs/workers.md) may have written since
+                # our last transaction: write transactions are serialised across processes,
+                # so the counters read here are the truth for this one.
+                self._next_id = self._counter(txn, b"next_id", 1)
+                self._seq = self._counter(txn, b"seq", 0)
+                self._bytes = self._counter(txn, b"bytes", 0)
                 self._write_usage(txn)
                 yield txn
                 self._put_counters(txn, self._next_id, self._seq, self._bytes)

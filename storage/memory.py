@@ -314,6 +314,12 @@ class MemoryStore:
         st = self._tracks.get(track)
         return st is not None and self._complete_groups(track, st) is not None
 
+    def holds_final_group(self, track: TrackKey) -> bool:
+        """The Group of the End of Track is held (not only the End of Track remembered)."""
+        st = self._tracks.get(track)
+        eot = st.end_of_track if st is not None else None
+        return eot is not None and st is not None and eot.group in st.groups
+
     def is_aborted(self, track: TrackKey) -> bool:
         st = self._tracks.get(track)
         return st is not None and st.aborted

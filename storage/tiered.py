@@ -164,8 +164,9 @@ class TieredReader:
         return self._session
 
     def _durable_info(self, track: TrackKey) -> TrackInfo | None:
-        """LMDB's view of the track, skipped when memory alone holds all of it."""
-        if self._mem.is_complete(track):
+        """LMDB's view of the track, skipped when memory alone holds all of it (a walk over
+        memory needs the End of Track's Group held, not only the End of Track known)."""
+        if self._mem.is_complete(track) and self._mem.holds_final_group(track):
             return None
         session = self._lmdb()
         return session.info(track) if session is not None else None

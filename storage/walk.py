@@ -129,7 +129,7 @@ def walk_range(start: Location, end: Location, order: GroupOrder,
     co = _Coalescer()
     eot_group = end_of_track.group if end_of_track is not None else None
 
-    def absent_from(g: int, eog: int | None) -> int | None:
+    def absent_from(g: int, eog: int | None, held: bool) -> int | None:
         # Smallest Object ID from which Group g is known not to exist.
         f = eog
         if eot_group is not None:
@@ -137,7 +137,12 @@ def walk_range(start: Location, end: Location, order: GroupOrder,
                 return 0
             if g == eot_group:
                 assert end_of_track is not None
-                f = end_of_track.object if f is None else min(f, end_of_track.object)
+                eot = end_of_track.object
+                if not held and include_status:
+                    # the End of Track status Object itself is at that Location: a tier
+                    # that does not hold its Group does not know it (another tier may)
+                    eot += 1
+                f = eot if f is None else min(f, eot)
         return f
 
     def gap(g: int, x: int, y: int, f: int | None) -> Iterator[Span]:
@@ -154,7 +159,7 @@ def walk_range(start: Location, end: Location, order: GroupOrder,
 
     def one_group(g: int, src: GroupSource | None) -> Iterator[WalkItem]:
         lo, hi = group_bounds(g, start, end)
-        f = absent_from(g, src.end_of_group if src is not None else None)
+        f = absent_from(g, src.end_of_group if src is not None else None, src is not None)
         for a, b in clip_ranges(ranges, lo, hi):
             cursor = a
             if src is not None:

@@ -5,6 +5,7 @@ PUBLISH, SUBSCRIBE_NAMESPACE, SUBSCRIBE (with fills), REQUEST_UPDATE, FETCH, TRA
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from relay.moqt.codes import GroupOrder, LocationFilterType, ParameterType, RequestErrorCode
@@ -77,15 +78,25 @@ def _id_ranges(params: Params) -> list[tuple[int, int | None]] | None:
 class RelayHandler(SessionHandler):
     """Answers one downstream session's requests on behalf of the Relay."""
 
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self, relay: Relay, *, sibling: bool = False) -> None:
         self.relay = relay
+        # a session from a sibling worker (docs/workers.md): it hears only of this worker's
+        # own namespaces and its requests are served from this worker's own sources, so a
+        # request never travels between workers twice
+        self.sibling = sibling
         self.session: MoqtSession | None = None
         self._scheduler: SessionScheduler | None = None
+
+    def _fetch_upstream(self, track: RelayTrack, start: Location, end: Location
+                        ) -> Awaitable[bool]:
+        return self.relay.fetch_upstream(track, start, end, local_only=self.sibling)
 
     def attach(self, session: MoqtSession) -> None:
         self.session = session
 
     def answered(self, req: Any, code: int | None) -> None:
+        if self.sibling:
+            return  # the relay's own traffic between its workers is not a client request
         self.relay.counters.inc(f"request_{req.TYPE.name}_{'ok' if code is None else code}")
 
     def _sess(self, req: Any) -> MoqtSession:
@@ -140,13 +151,16 @@ class RelayHandler(SessionHandler):
             await req.reject(RequestErrorCode.PREFIX_OVERLAP, "overlaps an earlier prefix")
             return
         queue: asyncio.Queue[tuple[TrackNamespace, bool]] = asyncio.Queue()
+        relay = self.relay
         listener = NamespaceListener(
             req.prefix, lambda ns, active: queue.put_nowait((ns, active)),
-            lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens), session)
+            (lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens) and relay.has_local(ns))
+            if self.sibling else lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens), session)
         await req.accept()
         for ns in table.add_listener(listener):
             queue.put_nowait((ns, True))
-        await self.relay.subscribe_namespace_upstream(req.prefix)
+        if not self.sibling:
+            await relay.subscribe_namespace_upstream(req.prefix)
         try:
             while not req.cancelled.is_set():
                 get = asyncio.ensure_future(queue.get())
@@ -176,7 +190,7 @@ class RelayHandler(SessionHandler):
             await req.reject(RequestErrorCode.DOES_NOT_EXIST, "reserved namespace")
             return
         track = relay.track(req.full_name)
-        err = await relay.ensure_upstream(track)
+        err = await relay.ensure_upstream(track, local_only=self.sibling)
         ended = err is not None and track.store.known_final(track.key) is not None
         if err is not None and not ended:
             relay.forget_if_idle(track)
@@ -276,7 +290,7 @@ class RelayHandler(SessionHandler):
         try:
             stats = await track.serve_range(writer, start, end, order,
                                             _id_ranges(merged), timeout,
-                                            self.relay.fetch_upstream,
+                                            self._fetch_upstream,
                                             self.relay.options.in_flight_wait)
             if not stats.reset:
                 await writer.finish()
@@ -308,7 +322,7 @@ class RelayHandler(SessionHandler):
         if largest is None:
             # Nothing cached: learn the Track from upstream (pull-through).
             start, end = self._requested_bounds(lf)
-            if await relay.fetch_upstream(track, start, end):
+            if await self._fetch_upstream(track, start, end):
                 largest = track.largest()
         if largest is None:
             relay.forget_if_idle(track)
@@ -338,7 +352,7 @@ class RelayHandler(SessionHandler):
         relay.counters.inc("fetches_active")
         try:
             stats = await track.serve_range(writer, rng.start, end, req.group_order,
-                                            _id_ranges(params), timeout, relay.fetch_upstream,
+                                            _id_ranges(params), timeout, self._fetch_upstream,
                                             relay.options.in_flight_wait)
             if not stats.reset:
                 await writer.finish()

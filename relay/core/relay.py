@@ -106,7 +106,9 @@ class Relay:
         self.counters = Counters()
         self.upstream = upstream
         self._commit_lock = asyncio.Lock()
-        self._fetches: dict[tuple[FullTrackName, Location, Location], asyncio.Future[bool]] = {}
+        self._fetches: dict[tuple[FullTrackName, Location, Location, bool],
+                            asyncio.Future[bool]] = {}
+        self.siblings: set[MoqtSession] = set()  # sessions to sibling workers
         self._upstream_ns: dict[TrackNamespace, Any] = {}
         self._cached_ns: dict[TrackNamespace, PublisherEntry] = {}
         self._created = 0
@@ -152,26 +154,32 @@ class Relay:
         finally:
             self._connections -= 1
 
-    async def _serve_connection(self, conn: Connection) -> None:
-        handler = RelayHandler(self)
+    async def _serve_connection(self, conn: Connection, sibling: bool = False) -> None:
+        handler = RelayHandler(self, sibling=sibling)
         try:
             session = await MoqtSession.start(conn, self.session_config, handler)
         except (SessionFailure, TransportError) as e:
             log.info("session setup failed: %s", e)
             return
         handler.attach(session)
-        self.sessions.add(session)
-        self.counters.inc("sessions_accepted")
-        self.counters.inc(f"sessions_accepted_{conn.transport}")
-        log.info("session open: %s %s", conn.transport, conn.remote_address)
+        # a sibling worker's session is the relay talking to itself: not a client session
+        # in the metrics, and not sent GOAWAY (the sibling drains on its own)
+        clients = self.sessions if not sibling else set()
+        clients.add(session)
+        if not sibling:
+            self.counters.inc("sessions_accepted")
+            self.counters.inc(f"sessions_accepted_{conn.transport}")
+        log.info("session open: %s %s%s", conn.transport, conn.remote_address,
+                 " (sibling worker)" if sibling else "")
         try:
             code, reason = await session.wait_closed()
             # the peer chooses its close code: unknown codes share one bucket (bounded keys)
             known = code in SessionErrorCode._value2member_map_
-            self.counters.inc(f"sessions_closed_{conn.transport}_{code if known else 0x1}")
+            if not sibling:
+                self.counters.inc(f"sessions_closed_{conn.transport}_{code if known else 0x1}")
             log.info("session closed: code 0x%x %s", code, reason)
         finally:
-            self.sessions.discard(session)
+            clients.discard(session)
             self.namespaces.remove_source(session)
             for lst in self.namespaces.listeners_of(session):
                 self.namespaces.remove_listener(lst)
@@ -238,8 +246,9 @@ class Relay:
                 held = {tuple(ns) for ns, _ in await asyncio.to_thread(durable.tracks)}
                 for ns in [ns for ns in self._cached_ns if ns not in held]:
                     self.namespaces.remove_publisher(self._cached_ns.pop(ns))
-            self.counters.inc("lmdb_committed_tracks")
-            self.counters.inc("lmdb_committed_bytes", n)
+            if n:  # 0: another worker had committed it already (docs/workers.md)
+                self.counters.inc("lmdb_committed_tracks")
+                self.counters.inc("lmdb_committed_bytes", n)
 
     async def wait_committed(self, name: FullTrackName, timeout: float = 10.0) -> bool:
         t = self.tracks.get(name)
@@ -257,17 +266,56 @@ class Relay:
 
     # -- upstream ---------------------------------------------------------------------------------
 
-    def _sources(self, namespace: TrackNamespace) -> list[Any]:
+    def _sources(self, namespace: TrackNamespace, local_only: bool = False) -> list[Any]:
         return [e.source for e in self.namespaces.publishers_for(namespace)
-                if e.source is not CACHE and not getattr(e.source, "closed", False)]
+                if e.source is not CACHE and not getattr(e.source, "closed", False)
+                and not (local_only and e.source in self.siblings)]
+
+    def has_local(self, namespace: TrackNamespace) -> bool:
+        """A publisher on this worker, or this worker's cache, holds ``namespace`` (not only
+        a sibling worker: what a sibling may learn from this one)."""
+        return any(e.source not in self.siblings
+                   for e in self.namespaces.publishers_for(namespace)
+                   if e.namespace == namespace)
+
+    async def handle_sibling_connection(self, conn: Connection) -> None:
+        """The transport handler of the sibling listener (docs/workers.md)."""
+        await self._serve_connection(conn, sibling=True)
+
+    def add_sibling(self, session: MoqtSession, nsub: Any) -> None:
+        """A session to a sibling worker and its namespace subscription: what it announces
+        becomes routable there, until either ends."""
+        self.siblings.add(session)
+        session.spawn(self._follow_sibling(session, nsub), "sibling-namespaces")
+
+    async def _follow_sibling(self, session: MoqtSession, nsub: Any) -> None:
+        entries: dict[TrackNamespace, PublisherEntry] = {}
+        try:
+            async for ev in nsub:
+                if ev.active:
+                    e = PublisherEntry(ev.namespace, session, upstream=True)
+                    entries[ev.namespace] = e
+                    self.namespaces.add_publisher(e)
+                else:
+                    e2 = entries.pop(ev.namespace, None)
+                    if e2 is not None:
+                        self.namespaces.remove_publisher(e2)
+        except SessionFailure:
+            pass
+        finally:
+            for e in entries.values():
+                self.namespaces.remove_publisher(e)
+            self.siblings.discard(session)
 
     async def _upstream_session(self) -> MoqtSession | None:
         if self.upstream is None:
             return None
         return await self.upstream.get()
 
-    async def ensure_upstream(self, track: RelayTrack) -> RequestRejected | None:
-        """One upstream subscription per Track (§14.4): reuse or establish it."""
+    async def ensure_upstream(self, track: RelayTrack, *, local_only: bool = False
+                              ) -> RequestRejected | None:
+        """One upstream subscription per Track (§14.4): reuse or establish it.
+        ``local_only``: not through a sibling worker (the request came from one)."""
         while track.establishing is not None:
             await asyncio.shield(track.establishing)
         if track.live:
@@ -276,7 +324,8 @@ class Relay:
         track.establishing = fut
         last: RequestRejected | None = None
         try:
-            sources: list[MoqtSession] = list(self._sources(track.full_name.namespace))
+            sources: list[MoqtSession] = list(self._sources(track.full_name.namespace,
+                                                            local_only))
             up = await self._upstream_session()
             if up is not None and up not in sources:
                 sources.append(up)
@@ -308,10 +357,11 @@ class Relay:
             track.establishing = None
             fut.set_result(None)
 
-    async def fetch_upstream(self, track: RelayTrack, start: Location, end: Location) -> bool:
+    async def fetch_upstream(self, track: RelayTrack, start: Location, end: Location, *,
+                             local_only: bool = False) -> bool:
         """Upstream FETCH of [start, end] into the cache; concurrent identical misses share
-        one request (§14.7, coalescing)."""
-        key = (track.full_name, start, end)
+        one request (§14.7, coalescing). ``local_only``: see :meth:`ensure_upstream`."""
+        key = (track.full_name, start, end, local_only)
         pending = self._fetches.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
@@ -319,14 +369,15 @@ class Relay:
         self._fetches[key] = fut
         ok = False
         try:
-            ok = await self._do_fetch(track, start, end)
+            ok = await self._do_fetch(track, start, end, local_only)
         finally:
             del self._fetches[key]
             fut.set_result(ok)
         return ok
 
-    async def _do_fetch(self, track: RelayTrack, start: Location, end: Location) -> bool:
-        sources: list[MoqtSession] = list(self._sources(track.full_name.namespace))
+    async def _do_fetch(self, track: RelayTrack, start: Location, end: Location,
+                        local_only: bool = False) -> bool:
+        sources: list[MoqtSession] = list(self._sources(track.full_name.namespace, local_only))
         up = await self._upstream_session()
         if up is not None and up not in sources:
             sources.append(up)

@@ -41,14 +41,17 @@ class _Burst:
 BURST = _Burst()
 
 
-def make_socket(host: str, port: int) -> socket.socket:
-    """A non-blocking UDP socket bound to ``host:port`` (IPv4 or IPv6 by the address)."""
+def make_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A non-blocking UDP socket bound to ``host:port`` (IPv4 or IPv6 by the address);
+    ``reuse_port`` shares the port with other sockets that set it (SO_REUSEPORT)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(addr)
         sock.setblocking(False)
     except BaseException:

@@ -138,7 +138,8 @@ class Server:
 
 async def serve(host: str, port: int, certfile: str | os.PathLike[str],
                 keyfile: str | os.PathLike[str], handler: Handler, *,
-                settings: QuicSettings | None = None, wt_path: str = "/moq") -> Server:
+                settings: QuicSettings | None = None, wt_path: str = "/moq",
+                reuse_port: bool = False, sock: socket.socket | None = None) -> Server:
     """Listen on ``host:port`` (UDP) for raw QUIC and WebTransport MOQT sessions.
 
     Raw QUIC clients negotiate ALPN ``moqt-22``; WebTransport clients negotiate ``h3``
@@ -146,6 +147,10 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     ``WT-Available-Protocols``. Other paths get 404. 0-RTT is never accepted (no session
     tickets are issued). ``port=0`` picks a free port; read it from :attr:`Server.port`.
     ``settings.backend`` picks the QUIC library (:mod:`relay.transport.backend`).
+    ``reuse_port``: SO_REUSEPORT, so several processes serve one port; the kernel keeps
+    each client address on one of them (a client whose address changes may move).
+    ``sock``: serve on this already bound UDP socket instead (``host``/``port`` are then
+    only its description), e.g. one a supervisor process made and keeps open.
     """
     settings = settings or QuicSettings()
     backend = get_backend(settings.backend or default_backend("server"))
@@ -153,7 +158,10 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     config.load_cert_chain(os.fspath(certfile), os.fspath(keyfile))
     server = Server(handler, settings, wt_path, backend)
     loop = asyncio.get_running_loop()
-    sock = make_socket(host, port)
+    if sock is None:
+        sock = make_socket(host, port, reuse_port=reuse_port)
+    else:
+        sock.setblocking(False)
     transport, udp = await loop.create_datagram_endpoint(
         lambda: backend.server(config, server._create_protocol), sock=sock)
     install(loop, sock, udp, route=lambda cid: backend.route(udp, cid))

@@ -217,3 +217,25 @@ def test_kvcs_layer_fetch_with_objectid_filter(tmp_path: Path) -> None:
                if isinstance(o, StoredObject)]
     assert got_mem == want
     store.close()
+
+
+def test_an_end_of_track_group_memory_lost_is_served_from_lmdb(durable: LmdbStore) -> None:
+    """Found by the walk property test: memory still knows the End of Track after its Group
+    was evicted, so it called itself complete and the tiered walk reported the End of Track
+    Location as not existing (or unknown) instead of reading that Group from LMDB."""
+    t = track_key(next(_names), ns=b"walk")
+    mem = MemoryStore(1 << 30)
+    statuses = (ObjectStatus.END_OF_GROUP, ObjectStatus.END_OF_GROUP, ObjectStatus.END_OF_TRACK)
+    for g, status in enumerate(statuses):
+        mem.append(t, StoredObject(g, 0, 0, 7, status, b"", b""))
+    tiered = TieredStore(mem, durable)
+    assert tiered.commit(t) > 0
+    assert mem.discard_group(t, 2)
+    with tiered.reader() as r:
+        items = list(r.walk(t, Location(0, 0), None, GroupOrder.ASCENDING, None, True))
+    tier, last = items[-1]
+    assert isinstance(last, StoredObject) and last.status == ObjectStatus.END_OF_TRACK
+    assert tier == Tier.LMDB
+    # and a tier that does not hold the Group never calls the End of Track Location absent
+    spans = [i for _, i in items if isinstance(i, Span)]
+    assert all(not (s.start <= Location(2, 0) <= s.end) for s in spans)

@@ -1,0 +1,378 @@
+"""``kvcs relay --workers N``: N relay processes behind one UDP port, one relay to the outside.
+
+The supervisor (this module, the process the operator started) runs no relay itself. It
+prepares what the workers share (the TLS certificate, the LMDB environment, the port), starts
+N workers (``kvcs relay`` again, told their index, the run directory and the siblings' secret
+through the environment), and then:
+
+* serves ``/metrics`` (every worker's, summed by name and labels; ``kvcs_relay_workers_up``
+  counts the workers answering), ``/healthz`` (every worker alive) and ``/readyz`` (every
+  worker ready) on the configured metrics listener; ``/workers`` lists them (JSON);
+* restarts a worker that dies (its siblings and their sessions go on; what it had committed
+  to LMDB is there for the new one);
+* on SIGTERM/SIGINT passes the signal on (each worker drains: GOAWAY, fills, FETCHes,
+  commits) and exits 0 once every worker has.
+
+How the workers find each other and share Tracks: ``relay/core/siblings.py``; the design and
+its limits: ``docs/workers.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from relay.core.siblings import read_worker_files
+from relay.service import RelayConfig
+from relay.transport import ensure_self_signed
+from relay.transport.burst import make_socket
+
+log = logging.getLogger("kvcs.relay")
+
+# Gauges that say "yes/no" per process: the aggregate is the largest, not the sum.
+_MAX_NOT_SUM = {"kvcs_relay_draining", "kvcs_relay_upstream_connected"}
+RESTART_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)  # seconds before restarts in a row
+_SCRAPE_TIMEOUT = 3.0
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def worker_sockets(host: str, port: int, n: int) -> list[socket.socket]:
+    """``n`` UDP sockets on one port (SO_REUSEPORT; port 0: a free one), one per worker.
+
+    The supervisor keeps them open for the relay's whole life and hands worker i socket i:
+    the kernel picks a socket by a hash of the client's address modulo the sockets in the
+    group, so a group that never changes size keeps every client on its worker even while
+    another worker restarts (a worker that made its own socket would reshuffle everyone).
+    """
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = make_socket(host, port, reuse_port=True)
+            socks.append(s)
+            port = s.getsockname()[1]
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    return socks
+
+
+@dataclass
+class _Worker:
+    index: int
+    proc: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    failures_in_a_row: int = 0
+    waiter: asyncio.Task[int] | None = field(default=None, repr=False)
+
+
+class Supervisor:
+    def __init__(self, config: RelayConfig, workers: int, env: dict[str, str]) -> None:
+        self.config = config
+        self.n = workers
+        self.env = env  # the relay's own settings, as KVCS_RELAY_* variables
+        self.run_dir = Path(tempfile.mkdtemp(prefix="kvcs-relay-workers-"))
+        self.secret = secrets.token_hex(24)
+        self.port = 0
+        self.sockets: list[socket.socket] = []
+        self.workers = [_Worker(i) for i in range(workers)]
+        self.stopping = False
+        self._http: asyncio.Server | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    # -- workers ----------------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        """What the workers would otherwise race to create."""
+        data = Path(self.config.data_dir)
+        data.mkdir(parents=True, exist_ok=True)
+        if self.config.cert is None or self.config.key is None:
+            ensure_self_signed(data / "tls")
+        ensure_self_signed(self.run_dir / "tls")  # the siblings' own listener
+        from storage.lmdb_store import LmdbStore
+
+        LmdbStore(os.fspath(data / "lmdb"), self.config.lmdb_bytes).close()
+        self.sockets = worker_sockets(self.config.listen_host, self.config.listen_port, self.n)
+        self.port = self.sockets[0].getsockname()[1]
+
+    def _ready_path(self, index: int) -> Path:
+        return self.run_dir / f"worker-{index}.json"
+
+    async def _spawn(self, w: _Worker) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._ready_path(w.index).unlink()
+        env = {**os.environ, **self.env,
+               "KVCS_WORKER_INDEX": str(w.index), "KVCS_WORKER_DIR": str(self.run_dir),
+               "KVCS_WORKER_SECRET": self.secret,
+               "KVCS_WORKER_FD": str(self.sockets[w.index].fileno())}
+        host = self.config.listen_host
+        listen = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        w.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "relay.cli", "relay", "--workers", "1", "--listen", listen,
+            "--metrics-listen", "127.0.0.1:0", "--ready-file", str(self._ready_path(w.index)),
+            env=env, pass_fds=(self.sockets[w.index].fileno(),))
+        w.waiter = asyncio.ensure_future(w.proc.wait())
+        log.info("worker %d started (pid %d)", w.index, w.proc.pid)
+
+    def _infos(self) -> dict[int, dict[str, Any]]:
+        infos = read_worker_files(self.run_dir)
+        alive = {w.index: w.proc.pid for w in self.workers
+                 if w.proc is not None and w.proc.returncode is None}
+        return {i: info for i, info in infos.items() if alive.get(i) == info.get("pid")}
+
+    async def _wait_ready(self, timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(self._infos()) < self.n:
+            if loop.time() > deadline or any(
+                    w.proc is not None and w.proc.returncode is not None for w in self.workers):
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def run(self) -> int:
+        self._prepare()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            for w in self.workers:
+                await self._spawn(w)
+            if not await self._wait_ready(60.0):
+                log.error("workers did not all start")
+                await self._stop_all()
+                return 1
+            if self.config.metrics_listen is not None:
+                self._http = await asyncio.start_server(self._serve_http,
+                                                        *self.config.metrics_listen)
+            self._write_ready_file()
+            mhost, mport = self._metrics_address()
+            log.info("relay ready on moqt://%s:%d/ with %d workers (pids %s) metrics=%s",
+                     self.config.listen_host, self.port, self.n,
+                     ",".join(str(w.proc.pid) for w in self.workers if w.proc),
+                     f"{mhost}:{mport}" if mport else "off")
+            await self._supervise(stop)
+            return await self._stop_all()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            if self._http is not None:
+                self._http.close()
+            for sock in self.sockets:
+                sock.close()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    async def _supervise(self, stop: asyncio.Event) -> None:
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while True:
+                waiters = {w.waiter: w for w in self.workers if w.waiter is not None}
+                done, _ = await asyncio.wait({stopped, *waiters},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if stopped in done:
+                    return
+                for fut in done:
+                    w = waiters[fut]  # type: ignore[index]
+                    code = fut.result()
+                    w.failures_in_a_row += 1
+                    delay = RESTART_BACKOFF[min(w.failures_in_a_row, len(RESTART_BACKOFF)) - 1]
+                    log.warning("worker %d (pid %d) exited with %s; restarting in %.1f s",
+                                w.index, w.proc.pid if w.proc else -1, code, delay)
+                    w.waiter = None
+                    await asyncio.sleep(delay)
+                    w.restarts += 1
+                    await self._spawn(w)
+                    task = asyncio.ensure_future(self._note_ready(w))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        finally:
+            stopped.cancel()
+
+    async def _note_ready(self, w: _Worker) -> None:
+        """Once a restarted worker is ready, the ready file names its new pid."""
+        for _ in range(1200):
+            if w.index in self._infos():
+                w.failures_in_a_row = 0
+                self._write_ready_file()
+                log.info("worker %d ready again (pid %d)", w.index, w.proc.pid if w.proc else -1)
+                return
+            await asyncio.sleep(0.05)
+
+    async def _stop_all(self) -> int:
+        self.stopping = True
+        procs = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        codes = []
+        for p in procs:
+            try:
+                codes.append(await asyncio.wait_for(p.wait(), self.config.drain_timeout + 10))
+            except TimeoutError:
+                p.kill()
+                codes.append(await p.wait())
+        log.info("relay stopped (%d workers)", len(procs))
+        return 0 if all(c == 0 for c in codes) else 1
+
+    def _write_ready_file(self) -> None:
+        if self.config.ready_file is None:
+            return
+        _, mport = self._metrics_address()
+        info = {"port": self.port, "metrics_port": mport, "pid": os.getpid(),
+                "workers": self._workers_json()}
+        path = Path(self.config.ready_file)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(path)
+
+    def _metrics_address(self) -> tuple[str, int | None]:
+        if self._http is None or not self._http.sockets:
+            return "", None
+        host, port = self._http.sockets[0].getsockname()[:2]
+        return host, port
+
+    def _workers_json(self) -> list[dict[str, Any]]:
+        infos = self._infos()
+        return [{"index": w.index, "pid": w.proc.pid if w.proc else None,
+                 "alive": w.proc is not None and w.proc.returncode is None,
+                 "restarts": w.restarts,
+                 "metrics_port": infos.get(w.index, {}).get("metrics_port")}
+                for w in self.workers]
+
+    # -- the one /metrics, /healthz, /readyz, /workers ----------------------------------------
+
+    async def _get(self, port: int, path: str) -> tuple[int, str]:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port), _SCRAPE_TIMEOUT)
+        try:
+            writer.write(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            await writer.drain()
+            raw = await asyncio.wait_for(reader.read(), _SCRAPE_TIMEOUT)
+        finally:
+            writer.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        return status, body.decode("utf-8", "replace")
+
+    async def _scrape_all(self, path: str) -> list[tuple[int, str] | None]:
+        infos = self._infos()
+
+        async def one(w: _Worker) -> tuple[int, str] | None:
+            port = infos.get(w.index, {}).get("metrics_port")
+            if port is None:
+                return None
+            try:
+                return await self._get(int(port), path)
+            except (OSError, TimeoutError, ValueError, IndexError):
+                return None
+
+        return list(await asyncio.gather(*(one(w) for w in self.workers)))
+
+    async def metrics_text(self) -> str:
+        answers = await self._scrape_all("/metrics")
+        return merge_metrics([a[1] for a in answers if a is not None and a[0] == 200],
+                             up=sum(1 for a in answers if a is not None and a[0] == 200))
+
+    async def _serve_http(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), _SCRAPE_TIMEOUT)
+            while (await asyncio.wait_for(reader.readline(), _SCRAPE_TIMEOUT)) not in (
+                    b"\r\n", b"\n", b""):
+                pass
+            parts = line.decode("latin-1").split()
+            path = parts[1].split("?", 1)[0] if len(parts) > 1 else ""
+            status, ctype, body = await self._route(path)
+        except (OSError, TimeoutError, UnicodeError):
+            writer.close()
+            return
+        payload = body.encode()
+        writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
+                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        with contextlib.suppress(OSError):
+            await writer.drain()
+        writer.close()
+
+    async def _route(self, path: str) -> tuple[str, str, str]:
+        text = "text/plain; charset=utf-8"
+        if path == "/metrics":
+            return "200 OK", "text/plain; version=0.0.4; charset=utf-8", \
+                await self.metrics_text()
+        if path in ("/healthz", "/readyz"):
+            answers = await self._scrape_all(path)
+            bad = [f"worker {i}: {'down' if a is None else a[1].strip()}"
+                   for i, a in enumerate(answers) if a is None or a[0] != 200]
+            if self.stopping:
+                bad.append("stopping")
+            if bad:
+                return "503 Service Unavailable", text, "\n".join(bad) + "\n"
+            return "200 OK", text, "ok\n"
+        if path == "/workers":
+            return "200 OK", "application/json", json.dumps(self._workers_json()) + "\n"
+        return "404 Not Found", text, "not found\n"
+
+
+def merge_metrics(texts: list[str], *, up: int) -> str:
+    """The workers' Prometheus text expositions as one: samples with the same name and
+    labels are summed (counters, gauges of amounts, histogram buckets and sums), yes/no
+    gauges take the largest value."""
+    families: dict[str, tuple[str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
+    for text in texts:
+        for fam in text_string_to_metric_families(text):
+            _, _, samples = families.setdefault(fam.name, (fam.type, fam.documentation, {}))
+            for s in fam.samples:
+                if s.name.endswith("_created"):
+                    continue  # a creation time per process: nothing to add up
+                key = (s.name, tuple(sorted(s.labels.items())))
+                if fam.name in _MAX_NOT_SUM:
+                    samples[key] = max(samples.get(key, s.value), s.value)
+                else:
+                    samples[key] = samples.get(key, 0.0) + s.value
+    out = ["# HELP kvcs_relay_workers_up Relay workers that answered this scrape.",
+           "# TYPE kvcs_relay_workers_up gauge", f"kvcs_relay_workers_up {up}"]
+    for name, (mtype, doc, samples) in families.items():
+        out.append(f"# HELP {name} {_escape_help(doc)}")
+        out.append(f"# TYPE {name} {mtype}")
+        for (sname, labels), value in samples.items():
+            lbl = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
+            out.append(f"{sname}{{{lbl}}} {_fmt(value)}" if lbl else f"{sname} {_fmt(value)}")
+    return "\n".join(out) + "\n"
+
+
+def _escape_help(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _escape_label(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _fmt(v: float) -> str:
+    if v == float("inf"):
+        return "+Inf"
+    return repr(int(v)) if v.is_integer() else repr(v)
+
+
+async def supervise(config: RelayConfig, workers: int, env: dict[str, str]) -> int:
+    return await Supervisor(config, workers, env).run()

@@ -117,15 +117,18 @@ async def _subscriber(r: _RelayProcess, name: FullTrackName, total: int
 
 
 async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: int,
-                  backend: str) -> tuple[float, float]:
+                  backend: str, workers: int = 1) -> tuple[float, float]:
     """(MB/s per subscriber, median per-Object latency ms) through one relay."""
     name = FullTrackName((b"kvcs-1", os.urandom(32), b"bench"), b"k.raw.s0")
     payload = bytearray(os.urandom(OBJECT))
     total = layers * blocks
-    async with _RelayProcess(tmp, size, backend) as r:
+    extra = ("--workers", str(workers)) if workers > 1 else ()
+    async with _RelayProcess(tmp, size, backend, extra) as r:
         pub = await _client(r, size)
         await pub.publish_namespace(name.namespace)
         served = await pub.publish(name.namespace, name.name)
+        if workers > 1:
+            await _until_every_worker_knows(r, name)
         procs = [await _subscriber(r, name, total) for _ in range(subscribers)]
         try:
             t0 = time.time()
@@ -151,6 +154,21 @@ async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: i
     nbytes = total * OBJECT
     mbps = statistics.mean(nbytes / (o["end"] - t0) / 1e6 for o in results)
     return mbps, statistics.median(o["latency_ms"] for o in results)
+
+
+async def _until_every_worker_knows(r: _RelayProcess, name: FullTrackName) -> None:
+    """With workers, a subscriber may land on a worker that has not yet heard of the Track
+    from its sibling: discover it once per fresh session until every session finds it."""
+    for _ in range(16):
+        s = await _client(r, r.size)
+        nsub = await s.subscribe_namespace(name.namespace[:1])
+        try:
+            async with asyncio.timeout(10):
+                async for ev in nsub:
+                    if getattr(ev, "namespace", None) == name.namespace:
+                        break
+        finally:
+            await s.aclose()
 
 
 async def fetch_tiers(tmp: Path, size: int, layers: int, blocks: int, backend: str
@@ -196,8 +214,8 @@ async def _fetch_all(r: _RelayProcess, name: FullTrackName, size: int, total: in
 BACKENDS = ("aioquic", "qh3")
 
 
-async def _run(sizes: list[int], layers: int, blocks: int, fanouts: list[int]
-               ) -> list[list[Any]]:
+async def _run(sizes: list[int], layers: int, blocks: int, fanouts: list[int],
+               workers: int) -> list[list[Any]]:
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for size in sizes:
@@ -210,6 +228,10 @@ async def _run(sizes: list[int], layers: int, blocks: int, fanouts: list[int]
                 mem, lmdb = await fetch_tiers(tmp / "fetch", size, layers, blocks, backend)
                 res[backend]["FETCH memory"] = (mem, "")
                 res[backend]["FETCH lmdb"] = (lmdb, "")
+                n = max(fanouts)
+                if workers > 1:
+                    res[backend][f"relay 1->{n}, {workers} workers"] = await fan_out(
+                        tmp / "workers", size, layers, blocks, n, backend, workers)
             for case in res["aioquic"]:
                 (a, a_lat), (q, q_lat) = res["aioquic"][case], res["qh3"][case]
                 rows.append([case, size, round(a, 1), round(q, 1), round(q / a, 2),
@@ -242,12 +264,14 @@ def main() -> None:
     blocks = int(os.environ.get("BENCH_RELAY_BLOCKS", "64"))
     sizes = [int(x) for x in os.environ.get("BENCH_RELAY_SIZES", "1200,8952").split(",")]
     fanouts = [int(x) for x in os.environ.get("BENCH_RELAY_FANOUT", "1,8").split(",")]
-    rows = asyncio.run(_run(sizes, layers, blocks, fanouts))
+    workers = int(os.environ.get("BENCH_RELAY_WORKERS", "2"))
+    rows = asyncio.run(_run(sizes, layers, blocks, fanouts, workers))
     if os.environ.get("BENCH_RELAY_MOQRS", "1") == "1":
         rows += asyncio.run(_moqrs_rows(layers, blocks, fanouts, rows))
     report("relay", ["case", "max_datagram_size", "aioquic_MB/s", "qh3_MB/s",
                      "qh3/aioquic", "aioquic_latency_ms", "qh3_latency_ms"], rows,
            extra={"layers": layers, "blocks": blocks, "object_bytes": OBJECT,
+                  "workers": workers,
                   "note": "MB/s per subscriber; relay and each subscriber in their own "
                           "process, publisher and FETCH client in the benchmark's; moq-rs "
                           "rows: qh3_MB/s column holds moq-rs's figure and qh3/aioquic "

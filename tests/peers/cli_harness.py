@@ -39,6 +39,8 @@ async def relay_process(data: Path, timeout: float) -> AsyncIterator[tuple[str, 
     port = free_udp_port()
     proc = await asyncio.create_subprocess_exec(
         *KVCS, "relay", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data),
+        # no fixed metrics port: another relay on this machine may hold 9464
+        "--metrics-listen", "off",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
     drain = None

@@ -289,22 +289,9 @@ class Relay:
         session.spawn(self._follow_sibling(session, nsub), "sibling-namespaces")
 
     async def _follow_sibling(self, session: MoqtSession, nsub: Any) -> None:
-        entries: dict[TrackNamespace, PublisherEntry] = {}
         try:
-            async for ev in nsub:
-                if ev.active:
-                    e = PublisherEntry(ev.namespace, session, upstream=True)
-                    entries[ev.namespace] = e
-                    self.namespaces.add_publisher(e)
-                else:
-                    e2 = entries.pop(ev.namespace, None)
-                    if e2 is not None:
-                        self.namespaces.remove_publisher(e2)
-        except SessionFailure:
-            pass
+            await self._follow_namespaces(nsub, session)
         finally:
-            for e in entries.values():
-                self.namespaces.remove_publisher(e)
             self.siblings.discard(session)
 
     async def _upstream_session(self) -> MoqtSession | None:
@@ -440,11 +427,19 @@ class Relay:
 
     async def _follow_upstream_namespaces(self, prefix: TrackNamespace, nsub: Any,
                                           up: MoqtSession) -> None:
+        try:
+            await self._follow_namespaces(nsub, up)
+        finally:
+            self._upstream_ns.pop(prefix, None)
+
+    async def _follow_namespaces(self, nsub: Any, source: MoqtSession) -> None:
+        """What a namespace subscription to ``source`` announces is routable there, until
+        withdrawn or the subscription ends."""
         entries: dict[TrackNamespace, PublisherEntry] = {}
         try:
             async for ev in nsub:
                 if ev.active:
-                    e = PublisherEntry(ev.namespace, up, upstream=True)
+                    e = PublisherEntry(ev.namespace, source, upstream=True)
                     entries[ev.namespace] = e
                     self.namespaces.add_publisher(e)
                 else:
@@ -456,7 +451,6 @@ class Relay:
         finally:
             for e in entries.values():
                 self.namespaces.remove_publisher(e)
-            self._upstream_ns.pop(prefix, None)
 
     # -- shutdown ---------------------------------------------------------------------------------
 

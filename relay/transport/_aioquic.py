@@ -28,7 +28,7 @@ from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.stream import QuicStream
 
-from .backend import QuicBackend
+from .backend import aioquic_shaped
 from .config import QuicSettings
 
 # one frame type byte plus two varints (stream id, maximum)
@@ -212,20 +212,6 @@ class AioquicView:
         return self._q.credit_unread_total
 
 
-def _configuration(settings: QuicSettings, is_client: bool, alpn: list[str]
-                   ) -> QuicConfiguration:
-    return QuicConfiguration(
-        alpn_protocols=list(alpn),
-        is_client=is_client,
-        idle_timeout=settings.idle_timeout,
-        max_datagram_size=settings.max_datagram_size,
-        max_datagram_frame_size=settings.max_datagram_frame_size,
-        max_data=settings.max_data,
-        max_stream_data=settings.max_stream_data,
-        congestion_control_algorithm=settings.congestion_control,
-    )
-
-
 def _receive_many(quic: QuicConnection, datagrams: list[bytes], addr: Any, now: float
                   ) -> None:
     for data in datagrams:
@@ -236,24 +222,10 @@ class _NeverRaised(Exception):
     """aioquic's datagrams_to_send raises nothing the endpoint should survive."""
 
 
-def _forget_h3_stream(h3: H3Connection, stream_id: int) -> None:
-    h3._stream.pop(stream_id, None)
-
-
-BACKEND = QuicBackend(
-    name="aioquic",
-    configuration=_configuration,
-    connection=lambda config: QuicConnection(configuration=config),
-    server=lambda config, create_protocol: QuicServer(configuration=config,
-                                                      create_protocol=create_protocol),
-    h3=lambda quic: H3Connection(quic, enable_webtransport=True),
-    view=AioquicView,
-    events=events,
-    h3_events=h3_events,
-    forget_h3_stream=_forget_h3_stream,
-    h3_knows_stream=lambda h3, sid: sid in h3._stream,
-    route=lambda server, cid: server._protocols.get(cid),
-    receive_many=_receive_many,
-    transmit_error=_NeverRaised,
+BACKEND = aioquic_shaped(
+    "aioquic", configuration_class=QuicConfiguration, connection_class=QuicConnection,
+    server_class=QuicServer, h3_class=H3Connection, events=events, h3_events=h3_events,
+    view=AioquicView, receive_many=_receive_many, transmit_error=_NeverRaised,
     trust=lambda config, ca_file: config.load_verify_locations(cafile=ca_file),
+    configuration_extra=lambda s: {"congestion_control_algorithm": s.congestion_control},
 )

@@ -31,7 +31,7 @@ from qh3.quic import events
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection, QuicConnectionError
 
-from .backend import QuicBackend
+from .backend import aioquic_shaped
 from .config import QuicSettings
 from .tls import pinned_self_signed
 
@@ -118,19 +118,6 @@ class Qh3View:
         return self._unread_total
 
 
-def _configuration(settings: QuicSettings, is_client: bool, alpn: list[str]
-                   ) -> QuicConfiguration:
-    return QuicConfiguration(
-        alpn_protocols=list(alpn),
-        is_client=is_client,
-        idle_timeout=settings.idle_timeout,
-        max_datagram_size=settings.max_datagram_size,
-        max_datagram_frame_size=settings.max_datagram_frame_size,
-        max_data=settings.max_data,
-        max_stream_data=settings.max_stream_data,
-    )
-
-
 def _trust(config: QuicConfiguration, ca_file: str) -> None:
     """qh3 takes only CA certificates as trust anchors, so a CA file holding one
     self-signed server certificate (what ``kvcs relay`` makes by default) is pinned by its
@@ -145,25 +132,11 @@ def _trust(config: QuicConfiguration, ca_file: str) -> None:
         config.assert_fingerprint = pinned
 
 
-def _forget_h3_stream(h3: H3Connection, stream_id: int) -> None:
-    h3._stream.pop(stream_id, None)
-
-
-BACKEND = QuicBackend(
-    name="qh3",
-    configuration=_configuration,
-    connection=lambda config: QuicConnection(configuration=config),
-    server=lambda config, create_protocol: QuicServer(configuration=config,
-                                                      create_protocol=create_protocol),
-    h3=lambda quic: H3Connection(quic, enable_webtransport=True),
+BACKEND = aioquic_shaped(
+    "qh3", configuration_class=QuicConfiguration, connection_class=QuicConnection,
+    server_class=QuicServer, h3_class=H3Connection, events=events, h3_events=h3_events,
     view=Qh3View,
-    events=events,
-    h3_events=h3_events,
-    forget_h3_stream=_forget_h3_stream,
-    h3_knows_stream=lambda h3, sid: sid in h3._stream,
-    route=lambda server, cid: server._protocols.get(cid),
     receive_many=lambda quic, datagrams, addr, now: quic.receive_many_datagrams(
         datagrams, addr, now=now),
-    transmit_error=QuicConnectionError,
-    trust=_trust,
+    transmit_error=QuicConnectionError, trust=_trust,
 )

@@ -117,6 +117,44 @@ class QuicBackend:
     """(client configuration, CA file) -> verify the server against that file."""
 
 
+def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any,
+                   server_class: Any, h3_class: Any, events: Any, h3_events: Any,
+                   view: Callable[[Any, Any], QuicView],
+                   receive_many: Callable[[Any, list[bytes], Any, float], None],
+                   transmit_error: type[Exception], trust: Callable[[Any, str], None],
+                   configuration_extra: Callable[[Any], dict[str, Any]] = lambda s: {}
+                   ) -> QuicBackend:
+    """A backend for a library with aioquic's shape (both of ours): what they share is
+    written once here, what differs is passed in. Reaches ``H3Connection._stream`` and
+    ``QuicServer._protocols``, which both keep (tests/transport/test_transport_backend.py)."""
+
+    def configuration(settings: Any, is_client: bool, alpn: list[str]) -> Any:
+        return configuration_class(
+            alpn_protocols=list(alpn), is_client=is_client,
+            idle_timeout=settings.idle_timeout, max_datagram_size=settings.max_datagram_size,
+            max_datagram_frame_size=settings.max_datagram_frame_size,
+            max_data=settings.max_data, max_stream_data=settings.max_stream_data,
+            **configuration_extra(settings))
+
+    return QuicBackend(
+        name=name,
+        configuration=configuration,
+        connection=lambda config: connection_class(configuration=config),
+        server=lambda config, create_protocol: server_class(configuration=config,
+                                                            create_protocol=create_protocol),
+        h3=lambda quic: h3_class(quic, enable_webtransport=True),
+        view=view,
+        events=events,
+        h3_events=h3_events,
+        forget_h3_stream=lambda h3, sid: h3._stream.pop(sid, None),
+        h3_knows_stream=lambda h3, sid: sid in h3._stream,
+        route=lambda server, cid: server._protocols.get(cid),
+        receive_many=receive_many,
+        transmit_error=transmit_error,
+        trust=trust,
+    )
+
+
 _defaults = {"server": DEFAULT_BACKEND, "client": DEFAULT_BACKEND}
 
 

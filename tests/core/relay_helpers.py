@@ -18,6 +18,7 @@ from relay.service import RelayConfig, RunningRelay, start_relay
 from relay.session import (
     FetchResponse,
     MoqtSession,
+    NamespaceEvent,
     ReceivedObject,
     ServedSubscription,
     StreamEnded,
@@ -143,3 +144,13 @@ async def fetch_objects(session: MoqtSession, name: FullTrackName
     resp = await asyncio.wait_for(session.fetch(name.namespace, name.name), TIMEOUT)
     async with asyncio.timeout(TIMEOUT):
         return resp, {e.location: bytes(e.payload) for e in await resp.collect()}
+
+
+async def wait_namespace(s: MoqtSession, namespace: tuple[bytes, ...]) -> None:
+    """Until the relay announces ``namespace`` to ``s`` (discovery, as a consumer does)."""
+    nsub = await asyncio.wait_for(s.subscribe_namespace(namespace[:1]), TIMEOUT)
+    async with asyncio.timeout(TIMEOUT):
+        async for ev in nsub:
+            if isinstance(ev, NamespaceEvent) and ev.active and ev.namespace == namespace:
+                break
+    nsub.cancel()

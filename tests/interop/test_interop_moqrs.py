@@ -40,13 +40,13 @@ from relay_helpers import (
     push_track,
     relay_at,
     wait_cached,
+    wait_namespace,
 )
 
 from relay.core.relay import RelayOptions
 from relay.moqt.codes import ObjectStatus
 from relay.moqt.primitives import FullTrackName, Location
 from relay.service import RunningRelay
-from relay.session import MoqtSession, NamespaceEvent
 
 moq = pytest.importorskip("moq")
 
@@ -58,16 +58,6 @@ def moq_client(r: RunningRelay) -> Any:
     """A one-shot moq-rs client on native QUIC (ALPN moqt-22) trusting the relay's cert."""
     return moq.connect(r.url, tls_roots=[str(r.certfile)], websocket_enabled=False,
                        reconnect=False)
-
-
-async def wait_namespace(s: MoqtSession, namespace: tuple[bytes, ...]) -> None:
-    """Until the relay announces ``namespace`` (its PUBLISH_NAMESPACE was accepted)."""
-    nsub = await asyncio.wait_for(s.subscribe_namespace(namespace[:1]), TIMEOUT)
-    async with asyncio.timeout(TIMEOUT):
-        async for ev in nsub:
-            if isinstance(ev, NamespaceEvent) and ev.active and ev.namespace == namespace:
-                break
-    nsub.cancel()
 
 
 async def moq_groups(tc: Any) -> tuple[dict[int, list[bytes]], list[int]]:

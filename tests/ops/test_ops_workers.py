@@ -20,10 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from ops_http import http_get
-from relay_helpers import TIMEOUT, drain, fetch_objects, group_payloads, make_ns, push_track
+from relay_helpers import (
+    TIMEOUT,
+    drain,
+    fetch_objects,
+    group_payloads,
+    make_ns,
+    push_track,
+    wait_namespace,
+)
 
 from relay.moqt.primitives import FullTrackName, Location
-from relay.session import MoqtSession, NamespaceEvent, open_session
+from relay.session import MoqtSession, open_session
 
 KVCS = [sys.executable, "-m", "relay.cli"]
 
@@ -31,10 +39,12 @@ KVCS = [sys.executable, "-m", "relay.cli"]
 @asynccontextmanager
 async def workers(data: Path, ready: Path) -> AsyncIterator[asyncio.subprocess.Process]:
     ready.unlink(missing_ok=True)
+    log = (data.parent / "relay.log").open("ab")  # the supervisor's and workers' lines
     proc = await asyncio.create_subprocess_exec(
         *KVCS, "relay", "--workers", "2", "--listen", "127.0.0.1:0", "--data-dir", str(data),
         "--metrics-listen", "127.0.0.1:0", "--ready-file", str(ready),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        stdout=asyncio.subprocess.DEVNULL, stderr=log)
+    log.close()
     try:
         async with asyncio.timeout(60):
             while not ready.exists():
@@ -77,15 +87,6 @@ async def connect_on(ready: Path, data: Path, want: int, keep: list[MoqtSession]
             return s
         keep.append(s)
     raise AssertionError(f"40 sessions and none on worker {want}")
-
-
-async def wait_namespace(s: MoqtSession, namespace: tuple[bytes, ...]) -> None:
-    nsub = await asyncio.wait_for(s.subscribe_namespace(namespace[:1]), TIMEOUT)
-    async with asyncio.timeout(TIMEOUT):
-        async for ev in nsub:
-            if isinstance(ev, NamespaceEvent) and ev.active and ev.namespace == namespace:
-                break
-    nsub.cancel()
 
 
 async def metric(port: int, name: str) -> float:

@@ -36,6 +36,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from relay.admin import MAX_BODY as ADMIN_MAX_BODY
+from relay.admin import PREFIX as ADMIN_PREFIX
 from relay.core.siblings import read_worker_files
 from relay.service import RelayConfig
 from relay.transport import ensure_self_signed
@@ -297,14 +299,26 @@ class Supervisor:
     async def _serve_http(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         try:
-            line = await asyncio.wait_for(reader.readline(), _SCRAPE_TIMEOUT)
-            while (await asyncio.wait_for(reader.readline(), _SCRAPE_TIMEOUT)) not in (
-                    b"\r\n", b"\n", b""):
-                pass
-            parts = line.decode("latin-1").split()
-            path = parts[1].split("?", 1)[0] if len(parts) > 1 else ""
-            status, ctype, body = await self._route(path)
-        except (OSError, TimeoutError, UnicodeError):
+            async with asyncio.timeout(10.0):  # a stuck client must not hold a task forever
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+                lines = head.split("\r\n")
+                parts = lines[0].split()
+                path = parts[1].split("?", 1)[0] if len(parts) > 1 else ""
+                if path.startswith(ADMIN_PREFIX):
+                    headers = {k.strip().lower(): v.strip() for k, _, v in
+                               (ln.partition(":") for ln in lines[1:] if ln)}
+                    n = headers.get("content-length", "0")
+                    if not n.isdigit() or int(n) > ADMIN_MAX_BODY:
+                        status, ctype, body = "400 Bad Request", "text/plain", \
+                            "bad Content-Length (at most 64 KiB)\n"
+                    else:
+                        payload = await reader.readexactly(int(n)) if int(n) else b""
+                        status, ctype, body = await self._admin(parts[0], path, headers,
+                                                                payload)
+                else:
+                    status, ctype, body = await self._route(path)
+        except (OSError, TimeoutError, UnicodeError, asyncio.IncompleteReadError,
+                asyncio.LimitOverrunError):
             writer.close()
             return
         payload = body.encode()
@@ -331,6 +345,90 @@ class Supervisor:
         if path == "/workers":
             return "200 OK", "application/json", json.dumps(self._workers_json()) + "\n"
         return "404 Not Found", text, "not found\n"
+
+
+    async def _admin(self, method: str, path: str, headers: dict[str, str], body: bytes
+                     ) -> tuple[str, str, str]:
+        """One admin surface: the request goes to every worker (in index order, so a purge
+        reaches them all), and their answers are merged; any worker's refusal is the
+        answer (they share one configuration, so they refuse alike)."""
+        infos = self._infos()
+        if len(infos) < self.n:
+            return "503 Service Unavailable", "text/plain", "a worker is restarting\n"
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()
+                        if k in ("authorization", "content-type"))
+        answers = []
+        for i in sorted(infos):
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", int(infos[i]["metrics_port"])),
+                _SCRAPE_TIMEOUT)
+            try:
+                writer.write(f"{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{extra}"
+                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                await writer.drain()
+                raw = await asyncio.wait_for(reader.read(), 30.0)
+            finally:
+                writer.close()
+            head, _, text = raw.partition(b"\r\n\r\n")
+            status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            code = status_line.split(" ", 1)[1] if " " in status_line else "502 Bad Gateway"
+            if not code.startswith("200"):
+                return code, "text/plain", text.decode("utf-8", "replace")
+            answers.append(json.loads(text))
+        merged = merge_admin_state(answers) if path.endswith("/state") else \
+            merge_admin_purge(answers)
+        return "200 OK", "application/json", json.dumps(merged, indent=1) + "\n"
+
+
+def merge_admin_state(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every worker's ``GET /admin/state`` as one: sessions and bytes add up, a Track held
+    by several workers is one entry (its tiers and subscribers joined)."""
+    sessions: dict[str, int] = {}
+    tracks: dict[tuple[str, str], dict[str, Any]] = {}
+    namespaces: set[str] = set()
+    for d in docs:
+        for k, v in d["sessions"].items():
+            sessions[k] = sessions.get(k, 0) + v
+        namespaces.update(d["namespaces"])
+        for t in d["tracks"]:
+            key = (t["namespace"], t["name"])
+            have = tracks.get(key)
+            if have is None:
+                tracks[key] = {**t, "bytes": dict(t["bytes"]), "workers": 1}
+                continue
+            have["workers"] += 1
+            have["tiers"] = sorted(set(have["tiers"]) | set(t["tiers"]))
+            have["subscribers"] += t["subscribers"]
+            have["complete"] = have["complete"] or t["complete"]
+            have["live"] = have["live"] or t["live"]
+            for tier, n in t["bytes"].items():
+                have["bytes"][tier] = max(have["bytes"].get(tier, 0), n)
+            if t["largest_object"] and (not have["largest_object"]
+                                        or t["largest_object"] > have["largest_object"]):
+                have["largest_object"] = t["largest_object"]
+    scopes: dict[str, dict[str, int]] = {}
+    for (ns, _), t in sorted(tracks.items()):
+        parts = ns.split("/")
+        sc = scopes.setdefault(parts[1] if len(parts) > 1 else "", {"tracks": 0})
+        sc["tracks"] += 1
+        for tier, n in t["bytes"].items():
+            sc[f"{tier}_bytes"] = sc.get(f"{tier}_bytes", 0) + n
+    return {"sessions": sessions, "workers": len(docs),
+            "scopes": [{"scope": s, **v} for s, v in sorted(scopes.items())],
+            "namespaces": sorted(namespaces), "tracks": [tracks[k] for k in sorted(tracks)]}
+
+
+def merge_admin_purge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every worker's ``POST /admin/purge`` answer as one."""
+    removed: dict[tuple[str, str], dict[str, Any]] = {}
+    for d in docs:
+        for r in d["removed"]:
+            have = removed.setdefault((r["namespace"], r["name"]), {**r, "tiers": []})
+            have["tiers"] = sorted(set(have["tiers"]) | set(r["tiers"]))
+    return {"prefix": docs[0]["prefix"] if docs else "",
+            "removed": [removed[k] for k in sorted(removed)],
+            "subscriptions_ended": sum(d["subscriptions_ended"] for d in docs),
+            "namespaces_done": sorted({ns for d in docs for ns in d["namespaces_done"]})}
 
 
 def merge_metrics(texts: list[str], *, up: int) -> str:

@@ -19,6 +19,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+from admin_helpers import TOKEN, http, purge
 from ops_http import http_get
 from relay_helpers import (
     TIMEOUT,
@@ -30,8 +32,10 @@ from relay_helpers import (
     wait_namespace,
 )
 
+from relay.admin import format_namespace
+from relay.moqt.codes import RequestErrorCode
 from relay.moqt.primitives import FullTrackName, Location
-from relay.session import MoqtSession, open_session
+from relay.session import MoqtSession, RequestRejected, open_session
 
 KVCS = [sys.executable, "-m", "relay.cli"]
 
@@ -39,10 +43,13 @@ KVCS = [sys.executable, "-m", "relay.cli"]
 @asynccontextmanager
 async def workers(data: Path, ready: Path) -> AsyncIterator[asyncio.subprocess.Process]:
     ready.unlink(missing_ok=True)
+    token_file = data.parent / "admin.token"
+    token_file.write_text(TOKEN)
     log = (data.parent / "relay.log").open("ab")  # the supervisor's and workers' lines
     proc = await asyncio.create_subprocess_exec(
         *KVCS, "relay", "--workers", "2", "--listen", "127.0.0.1:0", "--data-dir", str(data),
         "--metrics-listen", "127.0.0.1:0", "--ready-file", str(ready),
+        "--admin-token-file", str(token_file),
         stdout=asyncio.subprocess.DEVNULL, stderr=log)
     log.close()
     try:
@@ -149,9 +156,26 @@ async def test_two_workers_are_one_relay(tmp_path: Path) -> None:
 
     # after a restart, each worker serves the committed Track from LMDB
     async with workers(data, ready):
+        on: list[MoqtSession] = []
         for want in (0, 1):
             s = await connect_on(ready, data, want, keep)
+            on.append(s)
             resp, fetched = await fetch_objects(s, name)
             assert fetched == track.sent and resp.end_location == Location(3, 0)  # End of Track
+        # one admin surface: the supervisor's answers for both workers, and purges both
+        mport = info(ready)["metrics_port"]
+        assert (await http(mport, "GET", "/admin/state", "wrong-token-0123456789"))[0] == 401
+        code, text = await http(mport, "GET", "/admin/state")
+        state = json.loads(text)
+        assert code == 200 and state["workers"] == 2
+        assert state["sessions"]["total"] == len(keep) + 2
+        [entry] = [t for t in state["tracks"] if t["name"] == "k.raw.s0"]
+        assert entry["workers"] == 2 and entry["complete"] and "lmdb" in entry["tiers"]
+        code, doc = await purge(mport, format_namespace(name.namespace))
+        assert code == 200 and [r["name"] for r in doc["removed"]] == ["k.raw.s0"]
+        for s in on:
+            with pytest.raises(RequestRejected) as e:
+                await fetch_objects(s, name)
+            assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
         for s in keep:
             await s.aclose()

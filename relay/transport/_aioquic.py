@@ -207,6 +207,9 @@ class AioquicView:
         return (lim.used - q.credit_unread_total + q.credit_conn_window - lim.value
                 >= q.credit_conn_window >> 1)
 
+    def relieved(self) -> bool:
+        return True  # never paused: QUIC flow control holds the peer back
+
     @property
     def unread_total(self) -> int:
         return self._q.credit_unread_total

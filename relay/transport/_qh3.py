@@ -7,10 +7,11 @@ are handled here, each written down in ``docs/transport.md``:
 
 * Receive credit: the core returns flow-control credit as soon as it hands data to the
   application, whether or not it was read; there is no hook to withhold it. So a stalled
-  reader is bounded here instead: once a stream holds more unread bytes than its window
-  (``max_stream_data``), or the connection more than ``max_data``, the stream is stopped
-  (STOP_SENDING, EXCESSIVE_LOAD) and its buffer dropped. Same memory bound, different
-  remedy: with aioquic the peer is slowed, with qh3 the over-full stream ends.
+  reader is bounded here instead, once a stream holds more unread bytes than its window
+  (``max_stream_data``) or the connection more than ``max_data``: a client stops reading its
+  own UDP socket until the application has caught up to half the windows (the peer is
+  slowed by loss and congestion control), a server, whose socket all its clients share,
+  stops the over-full stream (STOP_SENDING, EXCESSIVE_LOAD) and drops its buffer.
 * Stream concurrency: the core announces fixed peer stream limits (100 bidirectional,
   103 unidirectional) and returns credit as streams close; ``max_streams_*`` do not apply.
 
@@ -112,6 +113,10 @@ class Qh3View:
             del self._unread[stream_id]
         self._unread_total -= n
         return False
+
+    def relieved(self) -> bool:
+        return (self._unread_total <= self._conn_window // 2
+                and max(self._unread.values(), default=0) <= self._stream_window // 2)
 
     @property
     def unread_total(self) -> int:

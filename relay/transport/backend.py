@@ -76,6 +76,9 @@ class QuicView(Protocol):
     def consumed(self, stream_id: int, n: int) -> bool:
         """The application took ``n`` bytes; True if a credit update should be sent."""
 
+    def relieved(self) -> bool:
+        """Unread bytes are back to half the windows (a paused reader may resume)."""
+
     @property
     def unread_total(self) -> int:
         """Received bytes not yet read by the application, over all streams."""

@@ -60,8 +60,28 @@ def make_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.soc
     return sock
 
 
+class ReaderControl:
+    """Stops and restarts reading one socket (a client connection's own): datagrams then
+    wait in the kernel's buffer, and beyond it are lost, which QUIC recovers from and its
+    congestion control answers by sending slower."""
+
+    def __init__(self, add: Callable[[], None], remove: Callable[[], None]) -> None:
+        self._add, self._remove = add, remove
+        self.paused = False
+
+    def pause(self) -> None:
+        if not self.paused:
+            self.paused = True
+            self._remove()
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            self._add()
+
+
 def install(loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: Any,
-            route: Callable[[bytes], Any] | None = None) -> None:
+            route: Callable[[bytes], Any] | None = None) -> ReaderControl | None:
     """Replace the transport's one-datagram reader for ``sock`` with a burst reader.
 
     ``route(dcid)``, for a server socket, finds the connection a short-header packet's
@@ -75,7 +95,7 @@ def install(loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: Any,
     add = getattr(loop, "_add_reader", None)
     remove = getattr(loop, "_remove_reader", None)
     if add is None or remove is None:
-        return
+        return None
     fd = sock.fileno()
     remove(fd)
     # GRO only here, where coalesced reads are cut apart (asyncio's reader would not)
@@ -118,6 +138,7 @@ def install(loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: Any,
                 ep.burst_flush()
 
     add(fd, read_burst)
+    return ReaderControl(lambda: add(fd, read_burst), lambda: remove(fd))
 
 
 def _segment_size(ancdata: list[tuple[int, int, bytes]]) -> int:

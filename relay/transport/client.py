@@ -72,7 +72,7 @@ async def connect(url: str, *, settings: QuicSettings | None = None,
     _, ep = await loop.create_datagram_endpoint(
         lambda: Endpoint(quic, backend=backend, settings=settings, path=path,
                          authority=authority), sock=sock)
-    install(loop, sock, ep)
+    ep._reader = install(loop, sock, ep)
     ep._sender = DatagramSender(sock, ep._transport, gso_supported(sock))  # type: ignore[arg-type]
     ep.connect(addr)
     try:

@@ -245,13 +245,17 @@ class Connection:
         self._ep._transmit_soon()
 
     def _buffered(self, sid: int, n: int) -> bool:
-        """Account received bytes; True if they overflow the receive bound (see
-        :attr:`~relay.transport.backend.QuicView.credit_follows_reads`)."""
-        return self._ep._view.buffered(sid, n)
+        """Account received bytes; True if they overflow the receive bound and the stream
+        must be stopped (see :attr:`~relay.transport.backend.QuicView.credit_follows_reads`;
+        a client pauses its socket instead)."""
+        return self._ep._view.buffered(sid, n) and not self._ep._receive_overflow()
 
     def _consumed(self, sid: int, n: int) -> None:
-        if self._ep._view.consumed(sid, n):
-            self._ep._transmit_soon()
+        ep = self._ep
+        if ep._view.consumed(sid, n):
+            ep._transmit_soon()
+        if ep._reader is not None and ep._reader.paused:
+            ep._receive_relieved()
 
     def _send_done(self, s: SendStream) -> None:
         if self._send.pop(s.stream_id, None) is not None and s.stream_id not in self._recv:

@@ -19,7 +19,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from .backend import QuicBackend, QuicView
-from .burst import BURST
+from .burst import BURST, ReaderControl
 from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
 from .errors import ConnectionClosed, ProtocolNegotiationError, TransportError
@@ -70,6 +70,10 @@ class Endpoint(asyncio.DatagramProtocol):
         self._view: QuicView = backend.view(quic, settings)
         self._transport: asyncio.DatagramTransport | None = None
         self._sender: DatagramSender | None = None  # set by client/server: GSO batching
+        # a client's own socket reader (client.py): paused while the application lets
+        # more pile up unread than the receive windows allow, on a backend whose credit
+        # does not follow reads (qh3); None on a server's shared socket
+        self._reader: ReaderControl | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._transmit_task: asyncio.Handle | None = None
@@ -573,6 +577,19 @@ class Endpoint(asyncio.DatagramProtocol):
             for conn in self._sessions.values():
                 if conn._blocked:
                     conn._wake_writers()
+
+    def _receive_overflow(self) -> bool:
+        """The application holds more unread than the windows allow: pause reading this
+        connection's socket if it has one of its own (True), else the caller stops the
+        stream."""
+        if self._reader is None:
+            return False
+        self._reader.pause()
+        return True
+
+    def _receive_relieved(self) -> None:
+        if self._reader is not None and self._reader.paused and self._view.relieved():
+            self._reader.resume()
 
     def _wake_credit_waiters(self) -> None:
         waiters, self._credit_waiters = self._credit_waiters, []

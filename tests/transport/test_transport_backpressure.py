@@ -134,3 +134,25 @@ async def test_unread_data_is_released_by_stop_sending(make_harness: object,
     inc2 = await w(server.accept())
     assert await w(inc2.recv.read_all()) == b"after"
     await w(client.aclose())
+
+
+async def test_a_client_that_does_not_read_slows_the_sender(make_harness: object,
+                                                            transport: str) -> None:
+    """The other direction: the server writes, the client does not read. aioquic withholds
+    credit; a qh3 client stops reading its socket until the application catches up. Either
+    way the writer waits, the client's buffer stays near its window, nothing is lost."""
+    h = await make_harness(SETTINGS)  # type: ignore[operator]
+    client, server = await h.pair(transport, SETTINGS)
+    payload = os.urandom(4 * 1024 * KiB)
+    send = await w(server.open_uni())
+    task = asyncio.ensure_future(_writer(send, payload, [0]))
+    inc = await w(client.accept())
+    assert await _is_blocked(task)
+    # one burst of datagrams may land after the pause: a window plus a burst at most
+    assert inc.recv.buffered <= WINDOW + 512 * KiB
+    if not credit_follows_reads("client"):
+        assert client._ep._reader is not None and client._ep._reader.paused
+    got = await w(inc.recv.read_all(), 60)
+    await w(task, 60)
+    assert got == payload
+    await w(client.aclose())

@@ -47,13 +47,12 @@ async def test_more_important_objects_overtake_under_contention(tmp_path: Path,
         pub = await client(r)
         t_low = await push_track(pub, low, layers=GROUPS)
         t_high = await push_track(pub, high, layers=GROUPS, announce=False)
-        # a slow link: small QUIC windows and a small receive queue, not read at first.
-        # On aioquic whatever the pair: its receive credit follows reads, which is what
-        # makes this link slow (qh3 would stop the over-full streams instead).
+        # a slow link: small QUIC windows and a small receive queue, not read at first
+        # (aioquic withholds credit; a qh3 client stops reading its socket: both slow the
+        # relay down, docs/transport.md)
         sub = await client(r, config=SessionConfig(receive_queue=2),
                            settings=QuicSettings(max_data=128 * 1024,
-                                                 max_stream_data=64 * 1024,
-                                                 backend="aioquic"))
+                                                 max_stream_data=64 * 1024))
 
         def params(prio: int) -> Params:
             p = live_params()

@@ -83,12 +83,9 @@ async def test_a_stalled_subscriber_is_ended_too_far_behind_and_others_keep_goin
         pub = await client(r)
         track = await push_track(pub, name, layers=24)
         # the stalled one reads nothing: its receive queue and small QUIC windows fill up
-        # (aioquic whatever the pair: only its receive credit follows reads; a stalled qh3
-        # client stops its own over-full streams instead, docs/transport.md)
         stalled = await client(r, config=SessionConfig(receive_queue=4),
                                settings=QuicSettings(max_data=256 * 1024,
-                                                     max_stream_data=128 * 1024,
-                                                     backend="aioquic"))
+                                                     max_stream_data=128 * 1024))
         stalled_sub = await asyncio.wait_for(
             stalled.subscribe(name.namespace, name.name, live_params()), TIMEOUT)
         normal = await client(r)

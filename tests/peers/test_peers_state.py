@@ -1,0 +1,78 @@
+"""A retrieval's late re-check (kvcs-draft 5.4): an Object used on the strength of 3.5 while
+the manifest did not list its Group yet is withdrawn when a later manifest version lists
+another digest for it. Driven with a real publication plan, in production order."""
+
+from __future__ import annotations
+
+from peers_helpers import cache, plan
+
+from relay.kvcs.plan import PlannedObject, PublicationPlan
+from relay.peers.state import RetrievalState
+from relay.peers.verification import ManifestVerifier, check_object
+
+URL = "moqt://127.0.0.1:1/"
+
+
+def replay(p: PublicationPlan, objects: list[PlannedObject],
+           swap: dict[tuple[str, int, int], bytes]) -> RetrievalState:
+    """Feed ``objects`` to a fresh retrieval as a relay would deliver them, with the payloads
+    in ``swap`` (by track, Group, Object) substituted."""
+    state = RetrievalState(p.descriptor, p.block_keys)
+    state.use_publication(p.namespace, ManifestVerifier(p.namespace, p.descriptor))
+    for o in objects:
+        payload = swap.get((o.track, o.group, o.object_id), o.payload)
+        if o.track == p.manifest_track:
+            state.on_manifest(o.track, o.group, payload)
+        else:
+            state.on_object(URL, state.targets[0], o.track, o.group, o.object_id, payload)
+    return state
+
+
+def test_an_object_a_later_manifest_lists_differently_is_withdrawn() -> None:
+    c = cache(blocks=2)
+    p = plan(c)
+    objects = p.objects()
+    manifests = [o for o in objects if o.track == p.manifest_track]
+    # The first version lists no digest, the last lists all: every data Object in between
+    # is used unlisted and re-checked when the last version arrives.
+    assert len(manifests) == 2 and objects[-1] is manifests[-1]
+    victim = next(o for o in objects if o.track != p.manifest_track and o.group == 1)
+    # A well-formed Object of another cache at the same place: it passes 3.5 and the first
+    # manifest version (which does not list its Group yet).
+    impostor = next(o for o in plan(cache(blocks=2, seed=2)).objects()
+                    if (o.track, o.group, o.object_id) ==
+                    (victim.track, victim.group, victim.object_id))
+    assert impostor.payload != victim.payload
+    first = ManifestVerifier(p.namespace, p.descriptor).accept(
+        manifests[0].track, manifests[0].group, manifests[0].payload)
+    assert first is not None
+    _, listed = check_object(first, victim.track, victim.group, victim.object_id,
+                             impostor.payload)
+    assert not listed
+
+    key = (victim.track, victim.group, victim.object_id)
+    state = replay(p, objects[:-1], {key: impostor.payload})
+    target = state.targets[0]
+    assert target.reasm.has(*key)  # used on the strength of 3.5, pending the re-check
+    assert state.layers[victim.group].verified == 4 and state.discard_reasons == []
+
+    state.on_manifest(manifests[-1].track, manifests[-1].group, manifests[-1].payload)
+    assert not target.reasm.has(*key)
+    assert state.layers[victim.group].discarded == 1
+    assert state.layers[victim.group].verified == 3
+    assert state.discard_reasons == [
+        f"{victim.track} {victim.group}/{victim.object_id}: digest not the listed one"]
+    assert state.unlisted == {}
+    assert victim.group not in state.usable_layers()
+    # every other Object stays
+    for o in objects:
+        if o.track != p.manifest_track and (o.track, o.group, o.object_id) != key:
+            assert target.reasm.has(o.track, o.group, o.object_id), o
+
+
+def test_the_genuine_objects_pass_the_late_recheck() -> None:
+    p = plan(cache(blocks=2))
+    state = replay(p, p.objects(), {})
+    assert state.complete and state.discard_reasons == [] and state.unlisted == {}
+    assert all(s.discarded == 0 and s.verified == 4 for s in state.layers.values())
+    assert sorted(state.usable_layers()) == list(range(p.descriptor.layers))

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from session_helpers import TIMEOUT
+from session_helpers import TIMEOUT, served_by
 
 from relay.moqt.codes import SessionErrorCode
 from relay.session import (
@@ -21,9 +21,8 @@ from relay.session import (
     SessionFailure,
     SessionHandler,
     SubscriptionDone,
-    open_session,
 )
-from relay.transport import ensure_self_signed, serve
+from relay.transport import ensure_self_signed
 
 NS = (b"kvcs-1", os.urandom(32))
 ALIAS = 7
@@ -42,21 +41,9 @@ class OneAliasPublisher(SessionHandler):
 
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[tuple[OneAliasPublisher, MoqtSession]]:
-    tls = ensure_self_signed(tmp_path).certfile.parent
     publisher = OneAliasPublisher()
-
-    async def on_conn(conn):  # type: ignore[no-untyped-def]
-        s = await MoqtSession.start(conn, handler=publisher)
-        await s.wait_closed()
-
-    server = await serve("127.0.0.1", 0, tls / "cert.pem", tls / "key.pem", on_conn)
-    client = await asyncio.wait_for(
-        open_session(f"moqt://127.0.0.1:{server.port}/", ca_file=tls / "cert.pem"), TIMEOUT)
-    try:
+    async with served_by(publisher, ensure_self_signed(tmp_path).certfile.parent) as client:
         yield publisher, client
-    finally:
-        await client.aclose()
-        await server.close()
 
 
 async def test_one_alias_for_two_live_tracks_closes_the_session(pair) -> None:  # type: ignore[no-untyped-def]

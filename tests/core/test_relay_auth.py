@@ -20,6 +20,7 @@ from relay_helpers import (
     wait_cached,
 )
 
+from relay.core.auth import Authorizer, Role, parse_prefix
 from relay.moqt.codes import RequestErrorCode
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
@@ -163,3 +164,21 @@ async def test_namespace_answers_hide_other_scopes(relay: RunningRelay,
     nsub_b = await asyncio.wait_for(
         (await client(relay)).subscribe_namespace(prefix, tok("subscribe-b")), TIMEOUT)
     assert await seen_until(nsub_b, {early_b, late_b}) == {early_b, late_b}
+
+
+def test_config_prefixes_ignore_empty_fields_and_missing_keys_grant_nothing() -> None:
+    # A leading, doubled or trailing "/" must not shorten a prefix (an empty prefix would
+    # open every scope).
+    assert parse_prefix(f"/kvcs-1//hex:{SCOPE_A.hex()}/") == (b"kvcs-1", SCOPE_A)
+    auth = Authorizer.from_config([
+        {"token": "slashes", "prefixes": [f"/kvcs-1//hex:{SCOPE_A.hex()}"],
+         "roles": ["subscribe"]},
+        {"token": "no-prefixes", "roles": ["subscribe", "publish"]},
+        {"token": "no-roles", "prefixes": ["kvcs-1"]},
+    ])
+    assert auth.allows(Role.SUBSCRIBE, ns_in(SCOPE_A), [b"slashes"])
+    assert not auth.allows(Role.SUBSCRIBE, ns_in(SCOPE_B), [b"slashes"])
+    for role in Role:
+        for token in (b"no-prefixes", b"no-roles"):
+            assert not auth.allows(role, ns_in(SCOPE_A), [token])
+            assert not auth.allows_prefix(role, (b"kvcs-1",), [token])

@@ -1,14 +1,17 @@
-"""A retrieval's late re-check (kvcs-draft 5.4): an Object used on the strength of 3.5 while
-the manifest did not list its Group yet is withdrawn when a later manifest version lists
-another digest for it. Driven with a real publication plan, in production order."""
+"""A retrieval's verification state (kvcs-draft 5.4), driven with a real publication plan in
+production order: the late re-check of Objects used before the manifest listed them, the
+COSE manifest with and without producer keys, and withdrawing a block."""
 
 from __future__ import annotations
 
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from peers_helpers import cache, plan
 
+from relay.kvcs.cose import KeyStore
 from relay.kvcs.plan import PlannedObject, PublicationPlan
 from relay.peers.state import RetrievalState
-from relay.peers.verification import ManifestVerifier, check_object
+from relay.peers.verification import ManifestRefused, ManifestVerifier, check_object
 
 URL = "moqt://127.0.0.1:1/"
 
@@ -76,3 +79,48 @@ def test_the_genuine_objects_pass_the_late_recheck() -> None:
     assert state.complete and state.discard_reasons == [] and state.unlisted == {}
     assert all(s.discarded == 0 and s.verified == 4 for s in state.layers.values())
     assert sorted(state.usable_layers()) == list(range(p.descriptor.layers))
+
+
+def _first_manifest(p: PublicationPlan) -> PlannedObject:
+    return next(o for o in p.objects() if o.track == p.manifest_track)
+
+
+def test_manifest_cose_without_keys_is_read_unless_authenticity_is_required() -> None:
+    c = cache(blocks=2)
+    p = plan(c, signer=(ed25519.Ed25519PrivateKey.generate(), b"ed"))
+    m = _first_manifest(p)
+    # no key store, authenticity not required: the payload is read, unverified
+    for keys in (None, KeyStore()):
+        v = ManifestVerifier(p.namespace, p.descriptor, keys=keys)
+        assert v.accept(m.track, m.group, m.payload) is not None
+        assert v.signed and v.kid is None
+    # authenticity required and nothing to check it with: refused
+    for keys in (None, KeyStore()):
+        with pytest.raises(ManifestRefused, match="no producer keys"):
+            ManifestVerifier(p.namespace, p.descriptor, keys=keys,
+                             require_cose=True).accept(m.track, m.group, m.payload)
+    # not COSE at all, with no keys to check it: refused as malformed, not read
+    with pytest.raises(ManifestRefused, match="malformed"):
+        ManifestVerifier(p.namespace, p.descriptor).accept(m.track, m.group, b"\x01\x02")
+    # with the producer's key: verified, and the kid is the signer's
+    assert p.signer is not None
+    v = ManifestVerifier(p.namespace, p.descriptor,
+                         keys=KeyStore({b"ed": p.signer[0].public_key()}), require_cose=True)
+    assert v.accept(m.track, m.group, m.payload) is not None
+    assert v.signed and v.kid == b"ed"
+
+
+def test_forgetting_an_unknown_block_or_asking_for_one_is_harmless() -> None:
+    p = plan(cache(blocks=2))
+    objects = p.objects()
+    data = [o for o in objects if o.track != p.manifest_track]
+    state = replay(p, objects[:-1], {})
+    reasm = state.targets[0].reasm
+    o = data[0]
+    assert reasm.has(o.track, o.group, o.object_id)
+    # a layer not ready yet, a track this target does not hold: nothing to forget or find
+    reasm.forget(o.track, o.group, o.object_id)
+    reasm.forget(o.track, o.group, o.object_id)
+    reasm.forget("k.zstd.s9", o.group, 0)
+    assert not reasm.has(o.track, o.group, o.object_id)
+    assert not reasm.has("k.zstd.s9", o.group, 0)

@@ -124,3 +124,28 @@ def test_forgetting_an_unknown_block_or_asking_for_one_is_harmless() -> None:
     reasm.forget("k.zstd.s9", o.group, 0)
     assert not reasm.has(o.track, o.group, o.object_id)
     assert not reasm.has("k.zstd.s9", o.group, 0)
+
+
+def test_a_version_rechecks_what_it_lists_whatever_the_arrival_order() -> None:
+    # Streams overtake each other: layer 2 arrives before layers 0 and 1. The version that
+    # lists layers 0-1 must re-check those even though older, still unlisted entries
+    # (layer 2) come first.
+    p = plan(cache(blocks=2), manifest_every=2)
+    objects = p.objects()
+    manifests = [o for o in objects if o.track == p.manifest_track]
+    assert len(manifests) == 3
+    data = [o for o in objects if o.track != p.manifest_track]
+    by_layer = {g: [o for o in data if o.group == g] for g in range(4)}
+    victim = by_layer[1][0]
+    impostor = next(o for o in plan(cache(blocks=2, seed=2), manifest_every=2).objects()
+                    if (o.track, o.group, o.object_id) ==
+                    (victim.track, victim.group, victim.object_id))
+    key = (victim.track, victim.group, victim.object_id)
+    arrival = [manifests[0], *by_layer[2], *by_layer[0], *by_layer[1], manifests[1]]
+    state = replay(p, arrival, {key: impostor.payload})
+    assert not state.targets[0].reasm.has(*key)
+    assert state.discard_reasons == [
+        f"{victim.track} {victim.group}/{victim.object_id}: digest not the listed one"]
+    # layer 2 is not listed yet: still held, still waiting for its re-check
+    assert {k[2] for k in state.unlisted} == {2}
+    assert all(state.targets[0].reasm.has(o.track, o.group, o.object_id) for o in by_layer[2])

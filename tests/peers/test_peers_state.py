@@ -75,8 +75,14 @@ def test_an_object_a_later_manifest_lists_differently_is_withdrawn() -> None:
 
 def test_the_genuine_objects_pass_the_late_recheck() -> None:
     p = plan(cache(blocks=2))
-    state = replay(p, p.objects(), {})
+    objects = p.objects()
+    state = replay(p, objects, {})
     assert state.complete and state.discard_reasons == [] and state.unlisted == {}
+    assert state.verifier is not None and state.verifier.signed is False
+    assert state.verifier.kid is None
+    # a version seen again (another relay, a retry) is not news
+    last = objects[-1]
+    assert state.verifier.accept(last.track, last.group, last.payload) is None
     assert all(s.discarded == 0 and s.verified == 4 for s in state.layers.values())
     assert sorted(state.usable_layers()) == list(range(p.descriptor.layers))
 

@@ -124,11 +124,24 @@ async def test_a_setup_token_authorizes_every_request_of_its_session(
     name = FullTrackName(ns_in(SCOPE_A), b"k.raw.s0")
     await publish_in(await client(relay), name, "publish-a")
     await wait_cached(relay, name, Location(0, 2))
+    ns, track = name.namespace, name.name
     setup_b = SessionConfig(authorization_tokens=(Token.use_value(b"subscribe-b"),))
-    await refused((await client(relay, config=setup_b)).fetch(name.namespace, name.name))
     setup_a = SessionConfig(authorization_tokens=(Token.use_value(b"subscribe-a"),))
-    _resp, got = await fetch_objects(await client(relay, config=setup_a), name)
+    for other in (setup_b, setup_a):  # A's token for subscribing does not publish either
+        await refused((await client(relay, config=other)).publish(ns, b"v.raw.s0"))
+    b = await client(relay, config=setup_b)
+    for request in (b.fetch(ns, track), b.subscribe(ns, track), b.track_status(ns, track),
+                    b.subscribe_namespace(ns[:2])):
+        await refused(request)
+    a = await client(relay, config=setup_a)
+    _resp, got = await fetch_objects(a, name)
     assert set(got) == {Location(0, 0), Location(0, 1)}
+    assert (await asyncio.wait_for(a.subscribe(ns, track), TIMEOUT)).largest == Location(0, 2)
+    status = await asyncio.wait_for(a.track_status(ns, track), TIMEOUT)
+    assert status.params.largest_object == Location(0, 2)
+    # the SETUP token also decides what a namespace answer reveals
+    nsub = await asyncio.wait_for(a.subscribe_namespace(ns[:2]), TIMEOUT)
+    assert await seen_until(nsub, {ns}) == {ns}
 
 
 async def seen_until(nsub: NamespaceSubscription, wanted: set[TrackNamespace]

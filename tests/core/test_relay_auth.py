@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -64,10 +64,10 @@ async def refused(request: Awaitable[object]) -> None:
 
 
 @pytest.fixture
-async def relay(tmp_path: Path) -> RunningRelay:
+async def relay(tmp_path: Path) -> AsyncIterator[RunningRelay]:
     r = await relay_at(tmp_path, auth_tokens=TOKENS)
     try:
-        yield r  # type: ignore[misc]
+        yield r
     finally:
         await r.close()
 

@@ -101,6 +101,14 @@ def test_key_store_from_pem_directory(tmp_path: Path) -> None:
                                serialization.NoEncryption())
     (tmp_path / "priv.key").write_bytes(pem)
     assert isinstance(load_private_key(tmp_path / "priv.key"), ed25519.Ed25519PrivateKey)
+    # a password-protected key opens with its password only
+    locked = EC_KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.BestAvailableEncryption(b"s3cret"))
+    (tmp_path / "locked.key").write_bytes(locked)
+    opened = load_private_key(tmp_path / "locked.key", b"s3cret")
+    assert public_pem(opened) == public_pem(EC_KEY)
+    with pytest.raises(TypeError):  # cryptography: the key is encrypted, no password given
+        load_private_key(tmp_path / "locked.key")
 
 
 def test_key_store_membership_and_public_pem_of_either_half() -> None:

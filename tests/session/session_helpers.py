@@ -125,9 +125,10 @@ class TrackPublisher(SessionHandler):
 
 @asynccontextmanager
 async def served_by(handler: SessionHandler, tls: Path, *, transport: str = "quic",
-                    config: SessionConfig | None = None) -> AsyncIterator[MoqtSession]:
+                    config: SessionConfig | None = None,
+                    client_config: SessionConfig | None = None) -> AsyncIterator[MoqtSession]:
     """A client session to a server on 127.0.0.1 whose sessions ``handler`` answers
-    (``tls``: the folder of cert.pem and key.pem)."""
+    (``tls``: the folder of cert.pem and key.pem; ``config`` is the server sessions')."""
 
     async def on_conn(conn):  # type: ignore[no-untyped-def]
         s = await MoqtSession.start(conn, config, handler)
@@ -137,7 +138,8 @@ async def served_by(handler: SessionHandler, tls: Path, *, transport: str = "qui
     url = f"moqt://127.0.0.1:{server.port}/" if transport == "quic" else \
         f"https://127.0.0.1:{server.port}/moq"
     try:
-        client = await asyncio.wait_for(open_session(url, ca_file=tls / "cert.pem"), TIMEOUT)
+        client = await asyncio.wait_for(
+            open_session(url, ca_file=tls / "cert.pem", config=client_config), TIMEOUT)
         try:
             yield client
         finally:

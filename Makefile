@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint run demo bench clean
+.PHONY: install test lint run demo bench clean mutate
 
 # The relay's listen address and data directory for `make run` (override on the command line).
 LISTEN   ?= 127.0.0.1:4433
@@ -35,5 +35,15 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
+# On-demand mutation testing of the modules that guard the product's promises (the list is
+# [tool.mutmut] in pyproject.toml; docs/testing.md). Slow, so never part of `make test`/CI.
+# Narrow it with mutmut's name globs, e.g. `make mutate MUTANTS='relay.core.auth*'`.
+MUTANTS      ?=
+MUTATE_JOBS  ?= 2
+mutate: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[mutate]'
+	-nice $(BIN)/mutmut run --max-children $(MUTATE_JOBS) $(MUTANTS)
+	$(BIN)/python scripts/mutation_report.py mutants
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache mutants

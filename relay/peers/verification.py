@@ -59,7 +59,8 @@ class ManifestVerifier:
             manifest = parse_manifest(body)
             manifest.check_namespace(self.namespace)
         except ManifestError as e:
-            raise ManifestRefused(f"manifest rejected: {e}") from None
+            # the cause keeps the failed check's type (CompatMismatchError, ...) for callers
+            raise ManifestRefused(f"manifest rejected: {e}") from e
         if manifest.compat != self.descriptor:
             raise ManifestRefused("manifest rejected: its Compatibility Descriptor differs "
                                   "from ours")

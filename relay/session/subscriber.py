@@ -20,7 +20,7 @@ from relay.moqt.control import InvalidRequest
 from relay.moqt.dataplane.fetch import FetchStreamParser
 from relay.moqt.dataplane.objects import EndOfRange, FetchHeader, FetchObject, SubgroupHeader
 from relay.moqt.dataplane.subgroup import SubgroupStreamParser
-from relay.moqt.errors import protocol_violation
+from relay.moqt.errors import SessionError, protocol_violation
 from relay.moqt.kvp import Properties
 from relay.moqt.messages import (
     Fetch,
@@ -354,9 +354,15 @@ async def start_subscribe(session: MoqtSession, namespace: TrackNamespace, name:
     # the fill stream may overtake SUBSCRIBE_OK
     reply = await _send_routed(session, rs, Subscribe(rid, namespace, name, params), sub,
                                route=params.fill is not None)
-    if not isinstance(reply, SubscribeOk):
-        raise protocol_violation(f"{type(reply).__name__} in reply to SUBSCRIBE")
-    sub._established(reply.track_alias, reply.params, reply.track_properties)
+    try:
+        if not isinstance(reply, SubscribeOk):
+            raise protocol_violation(f"{type(reply).__name__} in reply to SUBSCRIBE")
+        sub._established(reply.track_alias, reply.params, reply.track_properties)
+    except SessionError as e:
+        # The publisher broke a session rule (e.g. DUPLICATE_TRACK_ALIAS): this runs in the
+        # caller's task, not under the session's guard, so close the session here.
+        session.close(e.code, e.reason)
+        raise SessionClosed(e.code, e.reason) from None
     session.spawn(sub.control_loop(), "subscription")
     return sub
 

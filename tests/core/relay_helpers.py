@@ -138,10 +138,10 @@ async def wait_cached(running: RunningRelay, name: FullTrackName, loc: Location)
                 await track.wait_change(TIMEOUT)
 
 
-async def fetch_objects(session: MoqtSession, name: FullTrackName
+async def fetch_objects(session: MoqtSession, name: FullTrackName, params: Params | None = None
                         ) -> tuple[FetchResponse, dict[Location, bytes]]:
     """FETCH the whole Track: the response (FETCH_OK fields) and its Objects by Location."""
-    resp = await asyncio.wait_for(session.fetch(name.namespace, name.name), TIMEOUT)
+    resp = await asyncio.wait_for(session.fetch(name.namespace, name.name, params), TIMEOUT)
     async with asyncio.timeout(TIMEOUT):
         return resp, {e.location: bytes(e.payload) for e in await resp.collect()}
 

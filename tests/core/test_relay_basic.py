@@ -20,6 +20,7 @@ from relay_helpers import (
     wait_cached,
 )
 
+from relay.core.relay import RelayOptions
 from relay.moqt.codes import GroupOrder, ParameterType, RequestErrorCode
 from relay.moqt.kvp import KeyValuePair
 from relay.moqt.location_filter import LocationFilter
@@ -106,6 +107,36 @@ async def test_live_subscribers_joining_at_random_moments_get_everything_once(
         # one upstream subscription (the PUBLISH) whatever the number of subscribers
         assert r.relay.counters.get("publish_accepted") == 1
         assert r.relay.counters.get("upstream_subscriptions") == 0
+    finally:
+        await r.close()
+
+
+async def test_a_live_subscription_starts_right_after_l_not_at_l(tmp_path: Path) -> None:
+    # A publisher PUBLISHes a Track whose Objects up to L = {0, 2} are still on their way
+    # (LARGEST_OBJECT in PUBLISH): the relay's L is {0, 2} before it caches any of them. A
+    # subscriber joining then gets {0,0}..L from its fill and only what is after L live;
+    # a live start at L would hand it Object {0, 2} twice.
+    r = await relay_at(tmp_path, options=RelayOptions(in_flight_wait=TIMEOUT))
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        served = await asyncio.wait_for(pub.publish(
+            name.namespace, name.name, Params(largest_object=Location(0, 2))), TIMEOUT)
+        track = PushedTrack(pub, served, name, layers=2)
+        await wait_cached(r, name, Location(0, 2))
+        s = await client(r)
+        sub = await asyncio.wait_for(s.subscribe(name.namespace, name.name, live_params()),
+                                     TIMEOUT)
+        assert sub.largest == Location(0, 2)
+        for g in range(2):
+            await track.group(g, group_payloads(g, 4))
+        await track.end()
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        assert got.duplicates == []
+        assert got.objects == track.sent
+        assert got.done is not None and got.done.status == 0x2
     finally:
         await r.close()
 

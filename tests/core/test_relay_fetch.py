@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from relay_helpers import (
     TIMEOUT,
     client,
@@ -21,7 +22,8 @@ from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.range_filter import Range, RangeFilter
-from relay.session import RangeMarker, ReceivedObject, RequestRejected
+from relay.session import RangeMarker, RequestRejected
+from storage.interface import OBJECT_MAX
 
 
 async def test_objectid_filter_limit_is_enforced(tmp_path: Path) -> None:
@@ -52,30 +54,39 @@ async def test_objectid_filter_limit_is_enforced(tmp_path: Path) -> None:
         await r.close()
 
 
-async def test_evicted_groups_are_reported_unknown_never_skipped(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("fill_timeout_ms", "kind"), [
+    # time to spare: nobody can say what the evicted Groups held -> End of Unknown Range
+    (int(TIMEOUT * 1000), EndOfRangeType.UNKNOWN),
+    # no time at all: the relay gave up for lack of time -> End of Timed-Out Range
+    (0, EndOfRangeType.TIMED_OUT),
+], ids=["unknown", "timed-out"])
+async def test_evicted_groups_are_reported_unknown_never_skipped(
+        tmp_path: Path, fill_timeout_ms: int, kind: EndOfRangeType) -> None:
     r = await relay_at(tmp_path)
     name = FullTrackName(make_ns(), b"k.raw.s0")
     try:
         pub = await client(r)
-        t = await push_track(pub, name, layers=4)
-        for g in range(4):
+        t = await push_track(pub, name, layers=5)
+        for g in range(5):
             await t.group(g, group_payloads(g, 3))
-        await wait_cached(r, name, Location(3, 3))
+        await wait_cached(r, name, Location(4, 3))
         await pub.aclose()  # no upstream left to ask
         track = r.relay.tracks[name]
         assert r.store.memory.discard_group(track.key, 1)
-        assert r.store.memory.discard_group(track.key, 2)
+        assert r.store.memory.discard_group(track.key, 3)
         c = await client(r)
         resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
-            location_filter=LocationFilter.absolute_start(0, 0), fill_timeout=200)), TIMEOUT)
+            location_filter=LocationFilter.absolute_start(0, 0), fill_timeout=fill_timeout_ms)),
+            TIMEOUT)
         async with asyncio.timeout(TIMEOUT):
             events = await resp.collect()
-        objs = [e.location for e in events if isinstance(e, ReceivedObject)]
-        marks = [e for e in events if isinstance(e, RangeMarker)]
-        assert objs == [Location(g, i) for g in (0, 3) for i in range(3)]
-        assert len(marks) >= 1
-        assert all(m.type in (EndOfRangeType.UNKNOWN, EndOfRangeType.TIMED_OUT) for m in marks)
-        assert marks[-1].end.group == 2  # the unknown span covers Groups 1 and 2
+        got = [(e.type, e.end) if isinstance(e, RangeMarker) else e.location for e in events]
+        # each marker covers exactly its evicted Group: from the previous element up to the
+        # Group's last possible Object, nothing of the Groups around it
+        assert got == [
+            *(Location(0, i) for i in range(3)), (kind, Location(1, OBJECT_MAX)),
+            *(Location(2, i) for i in range(3)), (kind, Location(3, OBJECT_MAX)),
+            *(Location(4, i) for i in range(3))]
     finally:
         await r.close()
 

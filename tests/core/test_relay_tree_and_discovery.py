@@ -180,3 +180,28 @@ async def test_a_namespace_evicted_from_lmdb_is_done(tmp_path: Path) -> None:
         assert r.store.durable is not None and r.store.durable.evicted_tracks >= 1
     finally:
         await r.close()
+
+
+def _pending_namespace_waits() -> list[asyncio.Task[object]]:
+    """Tasks still waiting for a namespace event on behalf of some SUBSCRIBE_NAMESPACE."""
+    return [t for t in asyncio.all_tasks() if not t.done() and "Queue.get" in repr(t.get_coro())]
+
+
+async def test_a_cancelled_namespace_subscription_leaves_nothing_behind(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    table = r.relay.namespaces
+    try:
+        s = await client(r)
+        before = len(_pending_namespace_waits())
+        for _ in range(3):
+            nsub = await asyncio.wait_for(s.subscribe_namespace((b"kvcs-1",)), TIMEOUT)
+            assert len(table._listeners) == 1
+            nsub.cancel()
+            # the relay drops the listener and the wait it had pending for it
+            async with asyncio.timeout(TIMEOUT):
+                while table._listeners or len(_pending_namespace_waits()) > before:
+                    await asyncio.sleep(0)
+        # and still answers a new one from the same session (no PREFIX_OVERLAP)
+        await asyncio.wait_for(s.subscribe_namespace((b"kvcs-1",)), TIMEOUT)
+    finally:
+        await r.close()

@@ -48,7 +48,10 @@ from relay.moqt.codes import ObjectStatus
 from relay.moqt.primitives import FullTrackName, Location
 from relay.service import RunningRelay
 
-moq = pytest.importorskip("moq")
+try:
+    import moq
+except ImportError as e:  # moq-rs is a declared test dependency: its absence is a failure
+    raise ImportError(f"moq-rs (module `moq`) is missing: run `make install` ({e})") from e
 
 # moq-rs consumers skip a group that a newer group overtook unless it is younger than this.
 NO_SKIP = moq.Subscription(max_age_us=3_600_000_000)

@@ -101,6 +101,20 @@ def test_key_store_from_pem_directory(tmp_path: Path) -> None:
                                serialization.NoEncryption())
     (tmp_path / "priv.key").write_bytes(pem)
     assert isinstance(load_private_key(tmp_path / "priv.key"), ed25519.Ed25519PrivateKey)
+    # a password-protected key opens with its password only
+    locked = EC_KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.BestAvailableEncryption(b"s3cret"))
+    (tmp_path / "locked.key").write_bytes(locked)
+    opened = load_private_key(tmp_path / "locked.key", b"s3cret")
+    assert public_pem(opened) == public_pem(EC_KEY)
+    with pytest.raises(TypeError):  # cryptography: the key is encrypted, no password given
+        load_private_key(tmp_path / "locked.key")
+
+
+def test_key_store_membership_and_public_pem_of_either_half() -> None:
+    keys = store()
+    assert b"ec-1" in keys and b"nobody" not in keys and "ec-1" not in keys
+    assert public_pem(EC_KEY.public_key()) == public_pem(EC_KEY)
 
 
 def test_other_curves_refused() -> None:
@@ -140,6 +154,8 @@ SIGNED_ED = sign_manifest(PAYLOAD, ED_KEY, b"ed-1")
     (tamper(SIGNED_EC, 0, cbor2.dumps([1])), MalformedCoseError),
     (tamper(SIGNED_EC, 0, b""), MalformedCoseError),
     (tamper(SIGNED_EC, 1, {1: ALG_ES256}), MalformedCoseError),
+    (tamper(SIGNED_EC, 0, 5), MalformedCoseError),                 # protected not a bstr
+    (tamper(SIGNED_EC, 1, [1]), MalformedCoseError),               # unprotected not a map
     (rfc9052_sign({1: ALG_ES256, 2: [3], 4: b"ec-1"}, EC_KEY, PAYLOAD), MalformedCoseError),
     (rfc9052_sign({1: ALG_ES256, 4: "ec-1"}, EC_KEY, PAYLOAD), MalformedCoseError),
 ])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -101,6 +102,9 @@ def mutate(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     ("segments/0/blocks", 0, "blocks"),
     ("segments/0/block_keys_sha256", "AB" * 32, "hex"),
     ("segments/0/tracks", [], "tracks"),
+    ("segments/0/tracks", [7], "tracks"),
+    ("segments/0/tracks", "k.raw.s0", "tracks"),
+    ("segments/0/blocks", True, "blocks"),                 # a bool is not an integer
     ("segments/0/tracks", ["k.raw.s1", "v.raw.s0"], "segment 0"),
     ("segments/0/tracks", ["k.raw.s0", "k.raw.s0"], "twice"),
     ("segments/0/tracks", ["k.raw.s00"], "tracks"),
@@ -209,3 +213,26 @@ def test_successor_rules(produced: tuple[PublicationPlan, list[PlannedObject]]) 
     tampered.segments[0].object_digests["k.raw.s0"][0][0] = "00" * 32
     with pytest.raises(ManifestError, match="digests"):
         versions[-1].check_successor(tampered)
+
+
+def test_successor_may_change_neither_compat_nor_deterministic(
+        produced: tuple[PublicationPlan, list[PlannedObject]]) -> None:
+    last = final_manifest(produced)
+    other_compat = replace(last.copy(), compat=synthetic_descriptor(L, 2, 8, "float16", 4,
+                                                                    model="other/model"))
+    other_flag = replace(last.copy(), deterministic=not last.deterministic)
+    for newer in (other_compat, other_flag):
+        with pytest.raises(ManifestError, match="compat or deterministic"):
+            last.check_successor(newer)
+
+
+def test_to_json_is_compact_utf8_and_canonical(
+        produced: tuple[PublicationPlan, list[PlannedObject]]) -> None:
+    # The same Manifest always gives the same octets: no spaces, UTF-8 as is, no NaN.
+    m = replace(final_manifest(produced).copy(),
+                compat=synthetic_descriptor(L, 2, 8, "float16", 4, model="modèle/ü"))
+    out = m.to_json()
+    assert out == json.dumps(json.loads(out), separators=(",", ":"),
+                             ensure_ascii=False).encode("utf-8")
+    assert "modèle/ü".encode() in out and b", " not in out and b": " not in out
+    assert parse_manifest(out).to_json() == out

@@ -23,12 +23,14 @@ from peers_helpers import (
 )
 
 from relay.kvcs.cose import KeyStore
+from relay.kvcs.errors import CompatMismatchError
 from relay.kvcs.namespace import KvcsNamespace
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor
 from relay.peers.errors import EXIT_OK, EXIT_PARTIAL, NotFound, Refused
 from relay.peers.publisher import PublishOptions, publish_plan
 from relay.peers.subscriber import Retrieval, RetrieveOptions, retrieve
+from relay.peers.verification import ManifestRefused, ManifestVerifier
 from relay.service import RunningRelay
 
 
@@ -192,8 +194,14 @@ async def test_manifest_with_other_compat_is_rejected(relay: Any) -> None:
                                 p.namespace.pub_id)
     await _publish((relay,), p)
     consumer = Cache(other, c.k, c.v, c.tokens)
-    with pytest.raises(Refused, match="compat"):
+    with pytest.raises(Refused, match="compat_id of the manifest's descriptor"):
         await _retrieve(_opts((relay,), consumer, publications=[(p.namespace, None)]))
+    # the refusal comes from the compat_id check itself, not from a later check that
+    # happens to mention "compat" too
+    first = next(o for o in p.objects() if o.track == p.manifest_track)
+    with pytest.raises(ManifestRefused) as info:
+        ManifestVerifier(p.namespace, other).accept(first.track, first.group, first.payload)
+    assert type(info.value.__cause__) is CompatMismatchError
 
 
 async def test_manifest_cose_required_absent_or_badly_signed_is_refused(relay: Any) -> None:

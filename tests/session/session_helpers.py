@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from relay.moqt.codes import (
     GroupOrder,
@@ -17,9 +20,13 @@ from relay.moqt.primitives import FullTrackName, Location
 from relay.session import (
     IncomingFetch,
     IncomingSubscribe,
+    MoqtSession,
     ServedSubscription,
+    SessionConfig,
     SessionHandler,
+    open_session,
 )
+from relay.transport import serve
 
 TIMEOUT = 10.0
 
@@ -116,4 +123,29 @@ class TrackPublisher(SessionHandler):
         await w.finish()
 
 
-__all__ = ["TIMEOUT", "LocationFilterType", "Obj", "TrackPublisher"]
+@asynccontextmanager
+async def served_by(handler: SessionHandler, tls: Path, *, transport: str = "quic",
+                    config: SessionConfig | None = None,
+                    client_config: SessionConfig | None = None) -> AsyncIterator[MoqtSession]:
+    """A client session to a server on 127.0.0.1 whose sessions ``handler`` answers
+    (``tls``: the folder of cert.pem and key.pem; ``config`` is the server sessions')."""
+
+    async def on_conn(conn):  # type: ignore[no-untyped-def]
+        s = await MoqtSession.start(conn, config, handler)
+        await s.wait_closed()
+
+    server = await serve("127.0.0.1", 0, tls / "cert.pem", tls / "key.pem", on_conn)
+    url = f"moqt://127.0.0.1:{server.port}/" if transport == "quic" else \
+        f"https://127.0.0.1:{server.port}/moq"
+    try:
+        client = await asyncio.wait_for(
+            open_session(url, ca_file=tls / "cert.pem", config=client_config), TIMEOUT)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+    finally:
+        await server.close()
+
+
+__all__ = ["TIMEOUT", "LocationFilterType", "Obj", "TrackPublisher", "served_by"]

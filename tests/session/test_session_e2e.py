@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from session_helpers import TIMEOUT, TrackPublisher
+from session_helpers import TIMEOUT, TrackPublisher, served_by
 
 from relay.moqt.codes import GroupOrder, ObjectStatus, ParameterType, RequestErrorCode
 from relay.moqt.location_filter import LocationFilter
@@ -24,9 +24,8 @@ from relay.session import (
     Source,
     StreamEnded,
     SubscriptionDone,
-    open_session,
 )
-from relay.transport import ensure_self_signed, serve
+from relay.transport import ensure_self_signed
 
 NS = (b"kvcs-1", os.urandom(32), b"\xff\x00compat", b"anchor", b"pub")  # raw octets on purpose
 TRACK = FullTrackName(NS, b"k.raw.s0")
@@ -45,24 +44,9 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def pair(request: pytest.FixtureRequest, certs: Path
                ) -> AsyncIterator[tuple[TrackPublisher, MoqtSession]]:
     publisher = TrackPublisher(TRACK)
-    sessions: list[MoqtSession] = []
-
-    async def on_conn(conn):  # type: ignore[no-untyped-def]
-        s = await MoqtSession.start(conn, SessionConfig(max_filter_ranges=8), publisher)
-        sessions.append(s)
-        await s.wait_closed()
-
-    server = await serve("127.0.0.1", 0, certs / "cert.pem", certs / "key.pem", on_conn)
-    scheme = "moqt" if request.param == "quic" else "https"
-    path = "/" if request.param == "quic" else "/moq"
-    client = await asyncio.wait_for(
-        open_session(f"{scheme}://127.0.0.1:{server.port}{path}", ca_file=certs / "cert.pem"),
-        TIMEOUT)
-    try:
+    async with served_by(publisher, certs, transport=request.param,
+                         config=SessionConfig(max_filter_ranges=8)) as client:
         yield publisher, client
-    finally:
-        await client.aclose()
-        await server.close()
 
 
 async def test_subscribe_with_fill_gets_every_object_exactly_once(pair) -> None:  # type: ignore[no-untyped-def]

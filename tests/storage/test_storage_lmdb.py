@@ -11,6 +11,7 @@ from storage_helpers import describe, flat, full_track, track_key
 from storage.interface import (
     IncompleteTrackError,
     Location,
+    ObjectStatus,
     StorageError,
     StorageFullError,
     StoredObject,
@@ -62,13 +63,27 @@ def test_long_binary_track_names(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("breakage", ["gap", "no_end_of_track", "no_end_of_group", "empty",
-                                      "wrong_group"])
+                                      "wrong_group", "last_ends_in_end_of_group",
+                                      "last_ends_in_normal_object", "end_of_track_too_early",
+                                      "object_after_end_of_track"])
 def test_incomplete_tracks_are_never_written(tmp_path: Path, breakage: str) -> None:
-    groups = full_track([3, 3])
+    # The last Group of a committed Track must end in End of Track: a Track whose last Group
+    # ends in End of Group, or in a normal Object, may still grow.
+    groups = full_track([3, 3], eot_objects=2)
     if breakage == "gap":
         del groups[1][1]
     elif breakage == "no_end_of_track":
         groups[-1].pop()
+        groups[-1].pop()
+        groups[-1].pop()
+    elif breakage == "last_ends_in_end_of_group":
+        groups.pop()
+    elif breakage == "last_ends_in_normal_object":
+        groups[-1].pop()
+    elif breakage == "end_of_track_too_early":
+        groups[0][-1] = StoredObject(0, 0, 3, 7, ObjectStatus.END_OF_TRACK)
+    elif breakage == "object_after_end_of_track":
+        groups[-1].append(StoredObject(2, 0, 3, 7, payload=b"late"))
     elif breakage == "no_end_of_group":
         groups[0].pop()
     elif breakage == "empty":

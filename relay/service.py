@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.admin import AdminApi
-from relay.core.auth import Authorizer
+from relay.core.auth import Authorizer, tokens_of
 from relay.core.relay import Relay, RelayOptions
 from relay.core.upstream import UpstreamLink
 from relay.metrics import MetricsServer, RelayMetrics
@@ -40,6 +40,9 @@ class RelayConfig:
     upstream: list[str] = field(default_factory=list)
     upstream_ca: Path | None = None
     upstream_insecure: bool = False
+    # Presented to the upstream relay in SETUP (its per-scope authorization applies to
+    # everything this relay asks for on behalf of its clients); None: no token.
+    upstream_token: bytes | None = None
     memory_bytes: int = 1 << 30
     lmdb_bytes: int = 8 << 30
     lmdb_max_age: float | None = None
@@ -177,7 +180,8 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
         upstream = UpstreamLink(
             config.upstream,
             config=SessionConfig(max_filter_ranges=config.options.max_filter_ranges,
-                                 implementation=config.options.implementation),
+                                 implementation=config.options.implementation,
+                                 authorization_tokens=tokens_of(config.upstream_token)),
             settings=settings, ca_file=config.upstream_ca, insecure=config.upstream_insecure)
     relay = Relay(store, options=config.options, authorizer=authorizer, upstream=upstream)
     try:

@@ -28,6 +28,7 @@ from relay.moqt.primitives import (
 )
 from relay.session import (
     MoqtSession,
+    RangeMarker,
     ReceivedObject,
     RequestRejected,
     SessionConfig,
@@ -41,7 +42,7 @@ from storage.tiered import TieredStore
 from .auth import Authorizer
 from .handler import RelayHandler
 from .namespaces import NamespaceTable, PublisherEntry
-from .track import RelayTrack
+from .track import MarkerSpans, RelayTrack
 from .upstream import UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
@@ -345,15 +346,21 @@ class Relay:
                                               group_order=GroupOrder.ASCENDING))
                 self.counters.inc("upstream_fetches")
                 track.note_largest(resp.end_location)
+                spans = MarkerSpans(start)
                 async for ev in resp:
                     if isinstance(ev, ReceivedObject):
                         self.counters.inc("upstream_fetch_objects")
+                        spans.element(ev.location)
                         track.append_fetched(StoredObject(
                             ev.group, ev.subgroup, ev.object_id, ev.priority, 0,
                             ev.properties or b"", ev.payload))
+                    elif isinstance(ev, RangeMarker):
+                        spans.marker(ev)
                 # FIN, no Range filters: what was skipped up to End Location does not exist
-                # (§10 item 6). For "all of Group G", End Location is the last Location the
-                # responder knows in G (§7.10); once the Track has moved past G, G ends there.
+                # (§10 item 6), except the ranges upstream marked Unknown or Timed-Out: they
+                # stay unknown here and are asked for again (§14.9). For "all of Group G",
+                # End Location is the last Location the responder knows in G (§7.10); once
+                # the Track has moved past G, G ends there.
                 covered = resp.end_location
                 if covered is not None:
                     largest = track.largest()
@@ -361,7 +368,7 @@ class Relay:
                             covered.group == end.group and largest is not None and \
                             largest.group > end.group:
                         covered = end
-                    track.mark_absent(start, min(end, covered))
+                    track.mark_absent(start, min(end, covered), spans.unknown)
                 return True
             except (RequestRejected, StreamAborted, SessionFailure, TransportError) as e:
                 log.info("upstream FETCH for %r failed: %s", track, e)

@@ -369,12 +369,18 @@ class RelayHandler(SessionHandler):
         if not self._allowed(req, Role.SUBSCRIBE, req.full_name.namespace):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
             return
-        track = self.relay.tracks.get(req.full_name)
-        largest = track.largest() if track is not None else None
+        relay = self.relay
+        # the registry entry loads a Track held only in LMDB (after a restart) with its
+        # Track Properties; a Track the relay knows nothing of is asked upstream (§14 table)
+        track = relay.track(req.full_name)
+        if track.largest() is None:
+            await relay.track_status_upstream(track)
+        largest = track.largest()
         if largest is None:
+            relay.forget_if_idle(track)
             await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no such track")
             return
-        await req.reply(largest)
+        await req.reply(largest, _props(track, req.params))
 
 
 __all__ = ["RelayHandler"]

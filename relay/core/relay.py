@@ -267,6 +267,14 @@ class Relay:
             return None
         return await self.upstream.get()
 
+    async def _all_sources(self, track: RelayTrack) -> list[MoqtSession]:
+        """Where to ask for ``track``: its live publishers, then the upstream relay."""
+        sources: list[MoqtSession] = list(self._sources(track.full_name.namespace))
+        up = await self._upstream_session()
+        if up is not None and up not in sources:
+            sources.append(up)
+        return sources
+
     async def ensure_upstream(self, track: RelayTrack) -> RequestRejected | None:
         """One upstream subscription per Track (§14.4): reuse or establish it."""
         while track.establishing is not None:
@@ -277,10 +285,7 @@ class Relay:
         track.establishing = fut
         last: RequestRejected | None = None
         try:
-            sources: list[MoqtSession] = list(self._sources(track.full_name.namespace))
-            up = await self._upstream_session()
-            if up is not None and up not in sources:
-                sources.append(up)
+            sources = await self._all_sources(track)
             if not sources:
                 return RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
             cold = track.largest() is None
@@ -327,10 +332,7 @@ class Relay:
         return ok
 
     async def _do_fetch(self, track: RelayTrack, start: Location, end: Location) -> bool:
-        sources: list[MoqtSession] = list(self._sources(track.full_name.namespace))
-        up = await self._upstream_session()
-        if up is not None and up not in sources:
-            sources.append(up)
+        sources = await self._all_sources(track)
         # Open-ended and whole-Group ends use the filters made for them (some peers reject
         # an explicit End Object of 2^64-1).
         if end.group == OBJECT_MAX and end.object == OBJECT_MAX:
@@ -372,6 +374,26 @@ class Relay:
                 return True
             except (RequestRejected, StreamAborted, SessionFailure, TransportError) as e:
                 log.info("upstream FETCH for %r failed: %s", track, e)
+        return False
+
+    async def track_status_upstream(self, track: RelayTrack) -> bool:
+        """TRACK_STATUS forwarded to the Track's publishers / upstream relay, bounded by the
+        default FILL_TIMEOUT; what it learns (Largest Object, Track Properties) is kept."""
+        sources = await self._all_sources(track)
+        for src in sources:
+            try:
+                ok = await asyncio.wait_for(
+                    src.track_status(track.full_name.namespace, track.full_name.name),
+                    self.options.default_fill_timeout)
+            except (TimeoutError, RequestRejected, SessionFailure, TransportError) as e:
+                log.info("upstream TRACK_STATUS for %r failed: %s", track, e)
+                continue
+            if ok.params.largest_object is None:
+                continue
+            track.note_largest(ok.params.largest_object)
+            if ok.track_properties and not track.properties:
+                track.properties = tuple(ok.track_properties)
+            return True
         return False
 
     async def subscribe_namespace_upstream(self, prefix: TrackNamespace) -> None:

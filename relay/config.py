@@ -140,6 +140,9 @@ KEYS: tuple[Key, ...] = (
     Key("upstream_ca", _opt_path, None, "CA file for the upstream relay's certificate.", ""),
     Key("upstream_token", _opt_path, None, "File holding the token the relay presents to "
         "its upstream relay (AUTHORIZATION_TOKEN in SETUP); unset: none.", ""),
+    Key("upstream_idle_timeout", _positive_float, 3.0, "Seconds without a packet from the "
+        "upstream relay (PINGed every third of it) before its session counts as dead; also "
+        "bounds each dial.", "3.0"),
     Key("upstream_insecure", _bool, False, "Do not verify the upstream certificate (loopback "
         "development only).", "false", is_flag=True),
     Key("memory_bytes", _int, 1 << 30, "Byte bound of the memory tier (per-entry overhead "
@@ -210,7 +213,8 @@ class Settings:
         cfg = RelayConfig(
             listen_host=host, listen_port=port, data_dir=v["data_dir"], cert=v["cert"],
             key=v["key"], upstream=list(v["upstream"]), upstream_ca=v["upstream_ca"],
-            upstream_insecure=v["upstream_insecure"], memory_bytes=v["memory_bytes"],
+            upstream_insecure=v["upstream_insecure"],
+            upstream_idle_timeout=v["upstream_idle_timeout"], memory_bytes=v["memory_bytes"],
             lmdb_bytes=v["lmdb_bytes"], lmdb_max_age=v["lmdb_max_age"],
             max_datagram_size=v["max_datagram_size"], quic_backend=v["quic_backend"],
             options=RelayOptions(max_backlog_bytes=v["max_backlog_bytes"],

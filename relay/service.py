@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -43,6 +44,9 @@ class RelayConfig:
     # Presented to the upstream relay in SETUP (its per-scope authorization applies to
     # everything this relay asks for on behalf of its clients); None: no token.
     upstream_token: bytes | None = None
+    # QUIC idle timeout of upstream links (PINGs every third of it keep a quiet link up):
+    # a dead upstream is noticed within about this long; also bounds each dial.
+    upstream_idle_timeout: float = 3.0
     memory_bytes: int = 1 << 30
     lmdb_bytes: int = 8 << 30
     lmdb_max_age: float | None = None
@@ -182,7 +186,10 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
             config=SessionConfig(max_filter_ranges=config.options.max_filter_ranges,
                                  implementation=config.options.implementation,
                                  authorization_tokens=tokens_of(config.upstream_token)),
-            settings=settings, ca_file=config.upstream_ca, insecure=config.upstream_insecure)
+            settings=dataclasses.replace(settings, idle_timeout=config.upstream_idle_timeout,
+                                         keepalive_interval=config.upstream_idle_timeout / 3),
+            ca_file=config.upstream_ca, insecure=config.upstream_insecure,
+            dial_timeout=config.upstream_idle_timeout)
     relay = Relay(store, options=config.options, authorizer=authorizer, upstream=upstream)
     try:
         server = await serve(config.listen_host, config.listen_port, certfile, keyfile,

@@ -43,7 +43,7 @@ from .auth import Authorizer
 from .handler import RelayHandler
 from .namespaces import NamespaceTable, PublisherEntry
 from .track import MarkerSpans, RelayTrack
-from .upstream import UpstreamLink
+from .upstream import UNREACHABLE, UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
 
@@ -287,7 +287,8 @@ class Relay:
         try:
             sources = await self._all_sources(track)
             if not sources:
-                return RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
+                return self.unreachable_error() or \
+                    RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
             cold = track.largest() is None
             # our own choices, explicit so the upstream's defaults cannot change how we decode
             params = Params(location_filter=LocationFilter.next_object(), forward=True,
@@ -297,13 +298,16 @@ class Relay:
                             if cold else None)
             for src in sources:
                 try:
-                    sub = await src.subscribe(track.full_name.namespace, track.full_name.name,
-                                              params)
+                    sub = await asyncio.wait_for(
+                        src.subscribe(track.full_name.namespace, track.full_name.name, params),
+                        self.options.default_fill_timeout)
                 except RequestRejected as e:
                     last = e
                     continue
-                except (SessionFailure, TransportError) as e:
-                    last = RequestRejected(RequestErrorCode.INTERNAL_ERROR, str(e))
+                except (SessionFailure, TransportError, TimeoutError) as e:
+                    log.warning("upstream SUBSCRIBE for %r failed: %s", track,
+                                e or "no answer in time")
+                    last = RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
                     continue
                 self.counters.inc("upstream_subscriptions")
                 track.attach_upstream(sub)
@@ -313,6 +317,13 @@ class Relay:
         finally:
             track.establishing = None
             fut.set_result(None)
+
+    def unreachable_error(self) -> RequestRejected | None:
+        """The refusal of a request only the upstream relay could answer while it is
+        unreachable: TIMEOUT, never DOES_NOT_EXIST (the Track may well exist up there)."""
+        if self.upstream is None or not self.upstream.unreachable:
+            return None
+        return RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
 
     async def fetch_upstream(self, track: RelayTrack, start: Location, end: Location) -> bool:
         """Upstream FETCH of [start, end] into the cache; concurrent identical misses share
@@ -376,25 +387,31 @@ class Relay:
                 log.info("upstream FETCH for %r failed: %s", track, e)
         return False
 
-    async def track_status_upstream(self, track: RelayTrack) -> bool:
+    async def track_status_upstream(self, track: RelayTrack) -> RequestRejected | None:
         """TRACK_STATUS forwarded to the Track's publishers / upstream relay, bounded by the
-        default FILL_TIMEOUT; what it learns (Largest Object, Track Properties) is kept."""
-        sources = await self._all_sources(track)
-        for src in sources:
+        default FILL_TIMEOUT; what it learns (Largest Object, Track Properties) is kept.
+        Returns the refusal to give when no source answered because of an outage."""
+        err = self.unreachable_error()
+        for src in await self._all_sources(track):
             try:
                 ok = await asyncio.wait_for(
                     src.track_status(track.full_name.namespace, track.full_name.name),
                     self.options.default_fill_timeout)
-            except (TimeoutError, RequestRejected, SessionFailure, TransportError) as e:
-                log.info("upstream TRACK_STATUS for %r failed: %s", track, e)
+            except RequestRejected as e:
+                log.info("upstream TRACK_STATUS for %r refused: %s", track, e)
+                continue
+            except (TimeoutError, SessionFailure, TransportError) as e:
+                log.warning("upstream TRACK_STATUS for %r failed: %s", track,
+                            e or "no answer in time")
+                err = RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
                 continue
             if ok.params.largest_object is None:
                 continue
             track.note_largest(ok.params.largest_object)
             if ok.track_properties and not track.properties:
                 track.properties = tuple(ok.track_properties)
-            return True
-        return False
+            return None
+        return err
 
     async def subscribe_namespace_upstream(self, prefix: TrackNamespace) -> None:
         """Aggregated SUBSCRIBE_NAMESPACE upstream; what it announces becomes routable there."""

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relay.core.auth import read_token_file
+
 ENV_PREFIX = "KVCS_RELAY_"
 
 
@@ -148,6 +150,11 @@ KEYS: tuple[Key, ...] = (
     Key("upstream", _str_list, [], "Upstream relay URL (moqt://HOST:PORT/ or https://…); "
         "repeatable, tried in order. Env: comma-separated.", "", multiple=True),
     Key("upstream_ca", _opt_path, None, "CA file for the upstream relay's certificate.", ""),
+    Key("upstream_token", _opt_path, None, "File holding the token the relay presents to "
+        "its upstream relay (AUTHORIZATION_TOKEN in SETUP); unset: none.", ""),
+    Key("upstream_idle_timeout", _positive_float, 3.0, "Seconds without a packet from the "
+        "upstream relay (PINGed every third of it) before its session counts as dead; also "
+        "bounds each dial.", "3.0"),
     Key("upstream_insecure", _bool, False, "Do not verify the upstream certificate (loopback "
         "development only).", "false", is_flag=True),
     Key("memory_bytes", _int, 1 << 30, "Byte bound of the memory tier (per-entry overhead "
@@ -200,6 +207,7 @@ class Settings:
     auth_tokens: list[dict[str, Any]] = field(default_factory=list)
     config_file: Path | None = None
     admin_token: str | None = None  # read from admin_token_file; a secret, never rendered
+    upstream_token: bytes | None = None  # read from upstream_token; a secret, never rendered
     # [scopes."<hex Scope ID>"]: (memory_bytes, lmdb_bytes), None where not given
     scope_overrides: dict[bytes, tuple[int | None, int | None]] = field(default_factory=dict)
 
@@ -219,7 +227,8 @@ class Settings:
         cfg = RelayConfig(
             listen_host=host, listen_port=port, data_dir=v["data_dir"], cert=v["cert"],
             key=v["key"], upstream=list(v["upstream"]), upstream_ca=v["upstream_ca"],
-            upstream_insecure=v["upstream_insecure"], memory_bytes=v["memory_bytes"],
+            upstream_insecure=v["upstream_insecure"],
+            upstream_idle_timeout=v["upstream_idle_timeout"], memory_bytes=v["memory_bytes"],
             lmdb_bytes=v["lmdb_bytes"], lmdb_max_age=v["lmdb_max_age"],
             max_datagram_size=v["max_datagram_size"], quic_backend=v["quic_backend"],
             options=RelayOptions(max_backlog_bytes=v["max_backlog_bytes"],
@@ -228,6 +237,7 @@ class Settings:
             metrics_listen=v["metrics_listen"], drain_timeout=v["drain_timeout"],
             ready_file=v["ready_file"])
         cfg.admin_token = self.admin_token
+        cfg.upstream_token = self.upstream_token
         cfg.options.max_sessions = v["max_sessions"]
         cfg.scope_quotas = self.scope_quotas()
         return cfg
@@ -343,6 +353,11 @@ def load(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
             raise ConfigError(f"{name} ({sources[name]}): {p} is not a file")
     settings = Settings(values, sources, tokens, config_file)
     settings.admin_token = admin_token
+    if values["upstream_token"] is not None:
+        try:
+            settings.upstream_token = read_token_file(values["upstream_token"])
+        except ValueError as e:
+            raise ConfigError(f"upstream_token ({sources['upstream_token']}): {e}") from None
     settings.scope_overrides = scope_overrides
     return settings
 

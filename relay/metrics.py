@@ -139,6 +139,12 @@ class RelayCollector(Collector):
                               "1 while an upstream relay session is open.")
         g.add_metric([], 1 if up is not None and up.session is not None else 0)
         yield g
+        yield _counter("upstream_sessions_lost", "Upstream relay sessions that ended without "
+                       "the relay closing them (e.g. idle timeout: the upstream died).",
+                       up.lost if up is not None else 0)
+        yield _counter("upstream_unreachable", "Requests refused with TIMEOUT because the "
+                       "upstream relay was unreachable or did not answer in time.",
+                       c.get("upstream_unreachable", 0))
 
         yield from self._storage(c)
         yield from self._scopes()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.admin import AdminApi
-from relay.core.auth import Authorizer
+from relay.core.auth import Authorizer, tokens_of
 from relay.core.relay import Relay, RelayOptions
 from relay.core.siblings import SiblingLinks
 from relay.core.upstream import UpstreamLink
@@ -42,6 +43,12 @@ class RelayConfig:
     upstream: list[str] = field(default_factory=list)
     upstream_ca: Path | None = None
     upstream_insecure: bool = False
+    # Presented to the upstream relay in SETUP (its per-scope authorization applies to
+    # everything this relay asks for on behalf of its clients); None: no token.
+    upstream_token: bytes | None = None
+    # QUIC idle timeout of upstream links (PINGs every third of it keep a quiet link up):
+    # a dead upstream is noticed within about this long; also bounds each dial.
+    upstream_idle_timeout: float = 3.0
     memory_bytes: int = 1 << 30
     lmdb_bytes: int = 8 << 30
     lmdb_max_age: float | None = None
@@ -201,8 +208,12 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
         upstream = UpstreamLink(
             config.upstream,
             config=SessionConfig(max_filter_ranges=config.options.max_filter_ranges,
-                                 implementation=config.options.implementation),
-            settings=settings, ca_file=config.upstream_ca, insecure=config.upstream_insecure)
+                                 implementation=config.options.implementation,
+                                 authorization_tokens=tokens_of(config.upstream_token)),
+            settings=dataclasses.replace(settings, idle_timeout=config.upstream_idle_timeout,
+                                         keepalive_interval=config.upstream_idle_timeout / 3),
+            ca_file=config.upstream_ca, insecure=config.upstream_insecure,
+            dial_timeout=config.upstream_idle_timeout)
     relay = Relay(store, options=config.options, authorizer=authorizer, upstream=upstream)
     try:
         fd = config.worker.fd if config.worker is not None else None

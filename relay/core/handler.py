@@ -5,6 +5,7 @@ PUBLISH, SUBSCRIBE_NAMESPACE, SUBSCRIBE (with fills), REQUEST_UPDATE, FETCH, TRA
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,12 @@ from relay.moqt.location_filter import (
     resolve_subscription_range,
 )
 from relay.moqt.params import Params
-from relay.moqt.primitives import Location, TrackNamespace, prefixes_overlap
+from relay.moqt.primitives import (
+    Location,
+    TrackNamespace,
+    format_full_track_name,
+    prefixes_overlap,
+)
 from relay.moqt.range_filter import RangeFilter
 from relay.session import (
     IncomingFetch,
@@ -36,9 +42,12 @@ from .forwarder import Forwarder
 from .namespaces import NamespaceListener, PublisherEntry
 from .scheduler import SessionScheduler
 from .track import RelayTrack
+from .upstream import UNREACHABLE
 
 if TYPE_CHECKING:
     from .relay import Relay
+
+log = logging.getLogger("kvcs.relay")
 
 _ABSOLUTE = (LocationFilterType.ABSOLUTE_START, LocationFilterType.ABSOLUTE_START_GROUP_END,
              LocationFilterType.ABSOLUTE_RANGE)
@@ -106,6 +115,15 @@ class RelayHandler(SessionHandler):
         if self._scheduler is None:
             self._scheduler = SessionScheduler(session.spawn)
         return self._scheduler
+
+    async def _refuse(self, req: Any, code: int, reason: str) -> None:
+        """REQUEST_ERROR; a refusal because the upstream relay is unreachable is counted
+        (upstream_unreachable) and logged, so an outage is visible, not a missing Track."""
+        if reason == UNREACHABLE:
+            self.relay.counters.inc("upstream_unreachable")
+            log.warning("%s %s refused: upstream relay unreachable", req.TYPE.name,
+                        format_full_track_name(*req.full_name))
+        await req.reject(code, reason)
 
     def _allowed(self, req: Any, role: Role, namespace: TrackNamespace) -> bool:
         ok = self.relay.auth.allows(role, namespace, _tokens(self._sess(req), req.params))
@@ -194,7 +212,7 @@ class RelayHandler(SessionHandler):
         ended = err is not None and track.store.known_final(track.key) is not None
         if err is not None and not ended:
             relay.forget_if_idle(track)
-            await req.reject(err.code, err.reason)
+            await self._refuse(req, err.code, err.reason)
             return
         session = self._sess(req)
         params = req.params
@@ -319,13 +337,24 @@ class RelayHandler(SessionHandler):
         if lf is not None and lf.type == LocationFilterType.NONE:
             lf = None
         largest = track.largest()
+        timeout = params.fill_timeout / 1000 if params.fill_timeout is not None \
+            else relay.options.default_fill_timeout
+        unanswered = False
         if largest is None:
-            # Nothing cached: learn the Track from upstream (pull-through).
+            # Nothing cached: learn the Track from upstream (pull-through), within the
+            # request's FILL_TIMEOUT: a dead upstream must not hold the answer.
             start, end = self._requested_bounds(lf)
-            if await self._fetch_upstream(track, start, end):
-                largest = track.largest()
+            try:
+                if await asyncio.wait_for(self._fetch_upstream(track, start, end), timeout):
+                    largest = track.largest()
+            except TimeoutError:
+                unanswered = True
         if largest is None:
             relay.forget_if_idle(track)
+            err = relay.unreachable_error()
+            if unanswered or err is not None:
+                await self._refuse(req, RequestErrorCode.TIMEOUT, UNREACHABLE)
+                return
             await req.reject(RequestErrorCode.DOES_NOT_EXIST
                              if not relay._sources(req.namespace) else
                              RequestErrorCode.INVALID_RANGE, "nothing published")
@@ -346,8 +375,6 @@ class RelayHandler(SessionHandler):
             end >= largest
         started = asyncio.get_running_loop().time()
         writer = await req.accept(end_of_track, end, _props(track, params))
-        timeout = params.fill_timeout / 1000 if params.fill_timeout is not None \
-            else relay.options.default_fill_timeout
         lease = track.store.pin(track.key, rng.start.group, end.group)
         relay.counters.inc("fetches_active")
         try:
@@ -383,12 +410,22 @@ class RelayHandler(SessionHandler):
         if not self._allowed(req, Role.SUBSCRIBE, req.full_name.namespace):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
             return
-        track = self.relay.tracks.get(req.full_name)
-        largest = track.largest() if track is not None else None
+        relay = self.relay
+        # the registry entry loads a Track held only in LMDB (after a restart) with its
+        # Track Properties; a Track the relay knows nothing of is asked upstream (§14 table)
+        track = relay.track(req.full_name)
+        err = None
+        if track.largest() is None:
+            err = await relay.track_status_upstream(track, local_only=self.sibling)
+        largest = track.largest()
         if largest is None:
+            relay.forget_if_idle(track)
+            if err is not None:
+                await self._refuse(req, err.code, err.reason)
+                return
             await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no such track")
             return
-        await req.reply(largest)
+        await req.reply(largest, _props(track, req.params))
 
 
 __all__ = ["RelayHandler"]

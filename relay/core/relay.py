@@ -28,6 +28,7 @@ from relay.moqt.primitives import (
 )
 from relay.session import (
     MoqtSession,
+    RangeMarker,
     ReceivedObject,
     RequestRejected,
     SessionConfig,
@@ -41,8 +42,8 @@ from storage.tiered import TieredStore
 from .auth import Authorizer
 from .handler import RelayHandler
 from .namespaces import NamespaceTable, PublisherEntry
-from .track import RelayTrack
-from .upstream import UpstreamLink
+from .track import MarkerSpans, RelayTrack
+from .upstream import UNREACHABLE, UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
 
@@ -299,6 +300,17 @@ class Relay:
             return None
         return await self.upstream.get()
 
+    async def _all_sources(self, track: RelayTrack, local_only: bool = False
+                           ) -> list[MoqtSession]:
+        """Where to ask for ``track``: its live publishers (not through a sibling worker
+        if ``local_only``), then the upstream relay."""
+        sources: list[MoqtSession] = list(self._sources(track.full_name.namespace,
+                                                        local_only))
+        up = await self._upstream_session()
+        if up is not None and up not in sources:
+            sources.append(up)
+        return sources
+
     async def ensure_upstream(self, track: RelayTrack, *, local_only: bool = False
                               ) -> RequestRejected | None:
         """One upstream subscription per Track (§14.4): reuse or establish it.
@@ -311,13 +323,10 @@ class Relay:
         track.establishing = fut
         last: RequestRejected | None = None
         try:
-            sources: list[MoqtSession] = list(self._sources(track.full_name.namespace,
-                                                            local_only))
-            up = await self._upstream_session()
-            if up is not None and up not in sources:
-                sources.append(up)
+            sources = await self._all_sources(track, local_only)
             if not sources:
-                return RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
+                return self.unreachable_error() or \
+                    RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
             cold = track.largest() is None
             # our own choices, explicit so the upstream's defaults cannot change how we decode
             params = Params(location_filter=LocationFilter.next_object(), forward=True,
@@ -327,13 +336,16 @@ class Relay:
                             if cold else None)
             for src in sources:
                 try:
-                    sub = await src.subscribe(track.full_name.namespace, track.full_name.name,
-                                              params)
+                    sub = await asyncio.wait_for(
+                        src.subscribe(track.full_name.namespace, track.full_name.name, params),
+                        self.options.default_fill_timeout)
                 except RequestRejected as e:
                     last = e
                     continue
-                except (SessionFailure, TransportError) as e:
-                    last = RequestRejected(RequestErrorCode.INTERNAL_ERROR, str(e))
+                except (SessionFailure, TransportError, TimeoutError) as e:
+                    log.warning("upstream SUBSCRIBE for %r failed: %s", track,
+                                e or "no answer in time")
+                    last = RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
                     continue
                 self.counters.inc("upstream_subscriptions")
                 track.attach_upstream(sub)
@@ -343,6 +355,13 @@ class Relay:
         finally:
             track.establishing = None
             fut.set_result(None)
+
+    def unreachable_error(self) -> RequestRejected | None:
+        """The refusal of a request only the upstream relay could answer while it is
+        unreachable: TIMEOUT, never DOES_NOT_EXIST (the Track may well exist up there)."""
+        if self.upstream is None or not self.upstream.unreachable:
+            return None
+        return RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
 
     async def fetch_upstream(self, track: RelayTrack, start: Location, end: Location, *,
                              local_only: bool = False) -> bool:
@@ -364,10 +383,7 @@ class Relay:
 
     async def _do_fetch(self, track: RelayTrack, start: Location, end: Location,
                         local_only: bool = False) -> bool:
-        sources: list[MoqtSession] = list(self._sources(track.full_name.namespace, local_only))
-        up = await self._upstream_session()
-        if up is not None and up not in sources:
-            sources.append(up)
+        sources = await self._all_sources(track, local_only)
         # Open-ended and whole-Group ends use the filters made for them (some peers reject
         # an explicit End Object of 2^64-1).
         if end.group == OBJECT_MAX and end.object == OBJECT_MAX:
@@ -383,15 +399,21 @@ class Relay:
                                               group_order=GroupOrder.ASCENDING))
                 self.counters.inc("upstream_fetches")
                 track.note_largest(resp.end_location)
+                spans = MarkerSpans(start)
                 async for ev in resp:
                     if isinstance(ev, ReceivedObject):
                         self.counters.inc("upstream_fetch_objects")
+                        spans.element(ev.location)
                         track.append_fetched(StoredObject(
                             ev.group, ev.subgroup, ev.object_id, ev.priority, 0,
                             ev.properties or b"", ev.payload))
+                    elif isinstance(ev, RangeMarker):
+                        spans.marker(ev)
                 # FIN, no Range filters: what was skipped up to End Location does not exist
-                # (§10 item 6). For "all of Group G", End Location is the last Location the
-                # responder knows in G (§7.10); once the Track has moved past G, G ends there.
+                # (§10 item 6), except the ranges upstream marked Unknown or Timed-Out: they
+                # stay unknown here and are asked for again (§14.9). For "all of Group G",
+                # End Location is the last Location the responder knows in G (§7.10); once
+                # the Track has moved past G, G ends there.
                 covered = resp.end_location
                 if covered is not None:
                     largest = track.largest()
@@ -399,11 +421,38 @@ class Relay:
                             covered.group == end.group and largest is not None and \
                             largest.group > end.group:
                         covered = end
-                    track.mark_absent(start, min(end, covered))
+                    track.mark_absent(start, min(end, covered), spans.unknown)
                 return True
             except (RequestRejected, StreamAborted, SessionFailure, TransportError) as e:
                 log.info("upstream FETCH for %r failed: %s", track, e)
         return False
+
+    async def track_status_upstream(self, track: RelayTrack, local_only: bool = False
+                                    ) -> RequestRejected | None:
+        """TRACK_STATUS forwarded to the Track's publishers / upstream relay, bounded by the
+        default FILL_TIMEOUT; what it learns (Largest Object, Track Properties) is kept.
+        Returns the refusal to give when no source answered because of an outage."""
+        err = self.unreachable_error()
+        for src in await self._all_sources(track, local_only):
+            try:
+                ok = await asyncio.wait_for(
+                    src.track_status(track.full_name.namespace, track.full_name.name),
+                    self.options.default_fill_timeout)
+            except RequestRejected as e:
+                log.info("upstream TRACK_STATUS for %r refused: %s", track, e)
+                continue
+            except (TimeoutError, SessionFailure, TransportError) as e:
+                log.warning("upstream TRACK_STATUS for %r failed: %s", track,
+                            e or "no answer in time")
+                err = RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
+                continue
+            if ok.params.largest_object is None:
+                continue
+            track.note_largest(ok.params.largest_object)
+            if ok.track_properties and not track.properties:
+                track.properties = tuple(ok.track_properties)
+            return None
+        return err
 
     async def subscribe_namespace_upstream(self, prefix: TrackNamespace) -> None:
         """Aggregated SUBSCRIBE_NAMESPACE upstream; what it announces becomes routable there."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +58,56 @@ log = logging.getLogger("kvcs.relay")
 _PASS_THROUGH = {PublishDoneCode.TRACK_ENDED, PublishDoneCode.MALFORMED_TRACK}
 
 UpstreamFetch = Callable[["RelayTrack", Location, Location], Awaitable[bool]]
+
+
+Spans = list[tuple[Location, Location]]
+
+
+def _after(loc: Location) -> Location:
+    return Location(loc.group, loc.object + 1) if loc.object < OBJECT_MAX \
+        else Location(loc.group + 1, 0)
+
+
+def _before(loc: Location) -> Location:
+    return Location(loc.group, loc.object - 1) if loc.object > 0 \
+        else Location(loc.group - 1, OBJECT_MAX)
+
+
+def _subtract(span: tuple[Location, Location], holes: Sequence[tuple[Location, Location]]
+              ) -> Spans:
+    """The parts of the inclusive ``span`` outside every inclusive range of ``holes``."""
+    pieces = [span]
+    for h_start, h_end in holes:
+        out: Spans = []
+        for lo, hi in pieces:
+            if h_end < lo or h_start > hi:
+                out.append((lo, hi))
+                continue
+            if lo < h_start:
+                out.append((lo, _before(h_start)))
+            if h_end < hi:
+                out.append((_after(h_end), hi))
+        pieces = out
+    return pieces
+
+
+class MarkerSpans:
+    """The Unknown and Timed-Out ranges an upstream fetch or fill stream reported with End
+    of Range markers (§11.7): each covers every Location after the previous element up to
+    and including the marker's. They say nothing about existence, so a FIN does not prove
+    them absent (§14.9: a relay MUST NOT turn unknown into does-not-exist)."""
+
+    def __init__(self, start: Location) -> None:
+        self.next = start  # the first Location after the previous element
+        self.unknown: Spans = []
+
+    def element(self, loc: Location) -> None:
+        self.next = _after(loc)
+
+    def marker(self, ev: RangeMarker) -> None:
+        if ev.type != EndOfRangeType.NON_EXISTENT and ev.end >= self.next:
+            self.unknown.append((self.next, ev.end))
+        self.element(ev.end)
 
 
 @dataclass
@@ -146,19 +196,24 @@ class RelayTrack:
         """Cache and fan out everything the upstream subscription delivers."""
         self.attach_upstream(sub)
         seen_streams: set[int] = set()
+        fills: dict[int, MarkerSpans] = {}  # per fill stream (our fill starts at {0,0})
         status: int | None = None
         reason = ""
         try:
             async for ev in sub:
                 if isinstance(ev, ReceivedObject):
                     self._on_object(ev, seen_streams)
+                    if ev.stream.source is Source.FILL:
+                        fills.setdefault(ev.stream.stream_id,
+                                         MarkerSpans(Location(0, 0))).element(ev.location)
                 elif isinstance(ev, StreamEnded):
                     sid = ev.stream.stream_id
                     seen_streams.discard(sid)
+                    unknown = fills.pop(sid, MarkerSpans(Location(0, 0))).unknown
                     if ev.stream.source is Source.FILL and ev.fin and sub.largest is not None \
                             and sub.params.fill is not None:
                         # our own fill request is {0,0}..L with no Range filters
-                        self.mark_absent(Location(0, 0), sub.largest)
+                        self.mark_absent(Location(0, 0), sub.largest, unknown)
                     if ev.stream.source is Source.SUBGROUP:
                         for f in list(self.forwarders):
                             f.stream_ended(sid, ev.fin)
@@ -166,7 +221,9 @@ class RelayTrack:
                 elif isinstance(ev, SubscriptionDone):
                     status, reason = ev.status, ev.reason
                 elif isinstance(ev, RangeMarker):
-                    pass  # an unknown span in the upstream fill stays unknown here
+                    # an unknown span in the upstream fill stays unknown here
+                    fills.setdefault(ev.stream.stream_id,
+                                     MarkerSpans(Location(0, 0))).marker(ev)
                 if self.malformed:
                     sub.cancel(StreamResetCode.MALFORMED_TRACK)
                     status = PublishDoneCode.MALFORMED_TRACK
@@ -353,13 +410,16 @@ class RelayTrack:
                     return True
         return False
 
-    def mark_absent(self, start: Location, end: Location) -> None:
-        """Record the gaps of [start, end] as known not to exist (see ``absent``)."""
+    def mark_absent(self, start: Location, end: Location,
+                    unknown: Sequence[tuple[Location, Location]] = ()) -> None:
+        """Record the gaps of [start, end] as known not to exist (see ``absent``), except
+        the ``unknown`` ranges the upstream reported with markers."""
         with self.store.reader() as r:
             for _, item in r.walk(self.key, StoreLocation(*start), StoreLocation(*end),
                                   StoreOrder.ASCENDING):
                 if isinstance(item, Span) and item.kind == SpanKind.UNKNOWN:
-                    self.absent.append((Location(*item.start), Location(*item.end)))
+                    self.absent += _subtract((Location(*item.start), Location(*item.end)),
+                                             unknown)
         self._bump()
 
     def _still_unknown(self, span: Span) -> Span | None:
@@ -388,4 +448,4 @@ class RelayTrack:
         self._bump()
 
 
-__all__ = ["RelayTrack", "ServeStats", "UpstreamFetch"]
+__all__ = ["MarkerSpans", "RelayTrack", "ServeStats", "UpstreamFetch"]

@@ -3,6 +3,11 @@
 A link keeps one client session to the first reachable upstream relay and re-dials on
 demand after it dies. Namespaces, subscriptions and fetches the relay cannot serve locally
 go through it.
+
+A dead upstream must not stall requests: the session's QUIC idle timeout is short (set by
+the service from ``upstream_idle_timeout``, with PINGs keeping a quiet link alive), each dial
+is bounded by the same timeout, and after a failed dial the link answers "unreachable" at
+once until its backoff (doubling, capped) has passed.
 """
 
 from __future__ import annotations
@@ -18,20 +23,33 @@ from relay.transport import QuicSettings, TransportError
 
 log = logging.getLogger("kvcs.relay")
 
+UNREACHABLE = "upstream unreachable"  # reason of the TIMEOUT refusals it causes
+BACKOFF_FIRST = 0.25  # seconds before the first re-dial after a failed one
+BACKOFF_MAX = 5.0
+
 
 class UpstreamLink:
     def __init__(self, urls: Sequence[str], *, config: SessionConfig,
                  settings: QuicSettings | None = None, handler: SessionHandler | None = None,
-                 ca_file: str | os.PathLike[str] | None = None, insecure: bool = False) -> None:
+                 ca_file: str | os.PathLike[str] | None = None, insecure: bool = False,
+                 dial_timeout: float = 10.0) -> None:
         self.urls = list(urls)
         self.config = config
         self.settings = settings
         self.handler = handler
         self.ca_file = ca_file
         self.insecure = insecure
+        self.dial_timeout = dial_timeout
         self._session: MoqtSession | None = None
-        self._lock = asyncio.Lock()
+        self._dialing: asyncio.Future[MoqtSession | None] | None = None
         self.on_connect: list[object] = []
+        self._backoff = 0.0
+        self._retry_at = 0.0  # loop time before which no dial is tried
+        self.connects = 0  # sessions established (the first one and every reconnection)
+        self.failed_dials = 0
+        self.lost = 0  # sessions that ended other than by our own close
+        self._closing = False
+        self._watch: asyncio.Future[None] | None = None
 
     @property
     def configured(self) -> bool:
@@ -44,25 +62,66 @@ class UpstreamLink:
         s = self._session
         return s if s is not None and not s.closed and s.goaway_received is None else None
 
-    async def get(self) -> MoqtSession | None:
-        """The live upstream session, dialling the URLs in order if needed (None: none up)."""
+    @property
+    def unreachable(self) -> bool:
+        """Configured and no usable session: the last dial failed, or the session died
+        (and no dial has replaced it yet)."""
+        return self.configured and self.session is None and \
+            (self._backoff > 0 or self._session is not None)
+
+    async def get(self, *, wait: bool = False) -> MoqtSession | None:
+        """The live upstream session, dialling the URLs in order if needed (None: none up).
+        Within the backoff after a failed dial, None at once (``wait``: sleep it out and
+        dial again). Concurrent callers share one dial, and a caller giving up (its own
+        timeout) does not cut the dial short for the others."""
         if not self.urls:
             return None
-        async with self._lock:
+        if self.session is not None:
+            return self._session
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._retry_at:
+            if not wait:
+                return None
+            await asyncio.sleep(self._retry_at - loop.time())  # the link's own backoff
             if self.session is not None:
                 return self._session
-            for url in self.urls:
-                try:
-                    self._session = await open_session(
-                        url, config=self.config, handler=self.handler,
-                        settings=self.settings, ca_file=self.ca_file, insecure=self.insecure)
-                    log.info("connected to upstream relay %s", url)
-                    return self._session
-                except (TransportError, SessionFailure, OSError) as e:
-                    log.warning("upstream relay %s unreachable: %s", url, e)
-            return None
+        if self._dialing is None or self._dialing.done():
+            self._dialing = asyncio.ensure_future(self._dial())
+        return await asyncio.shield(self._dialing)
+
+    async def _dial(self) -> MoqtSession | None:
+        loop = asyncio.get_running_loop()
+        for url in self.urls:
+            try:
+                session = await asyncio.wait_for(open_session(
+                    url, config=self.config, handler=self.handler, settings=self.settings,
+                    ca_file=self.ca_file, insecure=self.insecure), self.dial_timeout)
+            except (TransportError, SessionFailure, OSError, TimeoutError) as e:
+                log.warning("upstream relay %s unreachable: %s", url, e or type(e).__name__)
+                continue
+            log.info("connected to upstream relay %s", url)
+            self._session = session
+            self._backoff = 0.0
+            self.connects += 1
+            self._watch = asyncio.ensure_future(self._watch_session(session, url))
+            return session
+        self.failed_dials += 1
+        self._backoff = min(BACKOFF_MAX, self._backoff * 2 or BACKOFF_FIRST)
+        self._retry_at = loop.time() + self._backoff
+        return None
+
+    async def _watch_session(self, session: MoqtSession, url: str) -> None:
+        code, reason = await session.wait_closed()
+        if not self._closing:
+            # an idle timeout here is the upstream's death noticed (no PING answered)
+            self.lost += 1
+            log.warning("upstream relay %s lost: code 0x%x %s", url, code, reason)
 
     async def close(self) -> None:
+        self._closing = True
+        for task in (self._watch, self._dialing):
+            if task is not None:
+                task.cancel()
         s = self._session
         if s is not None:
             await s.aclose(0, "relay shutting down")

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from relay.core.auth import read_token_file
 from relay.kvcs.cose import KeyStore, load_private_key
 from relay.kvcs.descriptor import Descriptor
 from relay.kvcs.errors import KvcsError
@@ -47,7 +48,8 @@ Exit codes:
      recomputed; also when --deadline-ms passed first (deadline_passed)
   5  publications found but refused (manifest compat, manifest.cose absent or bad)
   7  --require-cose: Objects arrived that no signed manifest version listed in
-     time (report: unverified_objects); their layers must be recomputed"""
+     time (report: unverified_objects); their layers must be recomputed
+  8  the relays refused the requests as UNAUTHORIZED (--token missing or wrong)"""
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> None:
@@ -80,15 +82,22 @@ def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _access(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms: float
-            ) -> RelayAccess:
+def _access(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms: float,
+            token: Path | None = None) -> RelayAccess:
     if not relay:
         raise click.UsageError("give at least one --relay URL")
     if ca is None and not insecure:
         raise click.UsageError("give --ca FILE (or --insecure for loopback development)")
     if ca is not None and not insecure:  # --insecure never reads it
         _check_ca(ca)
-    return RelayAccess(tuple(relay), ca_file=ca, insecure=insecure, timeout=connect_ms / 1000)
+    value = None
+    if token is not None:
+        try:
+            value = read_token_file(token)
+        except ValueError as e:
+            raise PeerError(f"--token: {e}", EXIT_USAGE) from None
+    return RelayAccess(tuple(relay), ca_file=ca, insecure=insecure, timeout=connect_ms / 1000,
+                       token=value)
 
 
 def _with_quic_backend(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,6 +131,10 @@ def relay_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--quic-backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
                       show_default=True, envvar="KVCS_QUIC_BACKEND",
                       help="QUIC library: aioquic, or qh3 (the fast extra).")(fn)
+    fn = click.option("--token", type=click.Path(dir_okay=False, path_type=Path),
+                      envvar="KVCS_TOKEN_FILE",
+                      help="File holding the authorization token sent to the relays "
+                           "(a wrong one: exit 8).")(fn)
     fn = click.option("--connect-ms", type=float, default=10000, show_default=True,
                       help="Give up on a relay that has not completed SETUP by then.")(fn)
     fn = click.option("--insecure", is_flag=True,
@@ -197,7 +210,7 @@ def _segments(spec: str | None, chunk_blocks: int | None, total: int) -> list[in
 @click.option("--quiet", is_flag=True, help="No progress line (there is none off a terminal).")
 @_errors
 def publish(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms: float,
-            kvfile: Path | None,
+            token: Path | None, kvfile: Path | None,
             synthetic: str | None, block_tokens: int, descriptor: Path | None, scope_key: Path,
             tokens: Path | None, producer_key: Path | None, kid: str | None,
             extra_codec: str | None, segments: str | None, chunk_blocks: int | None,
@@ -205,10 +218,11 @@ def publish(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
             report: Path | None, quiet: bool = False) -> None:
     """Publish a KV cache to the relay(s): PUBLISH every track, PUBLISH_NAMESPACE, then the
     Objects layer by layer. Exits 0 once every relay confirmed every Object (see --confirm);
-    prints the namespace and a summary. Exit codes: 0 ok, 1 error, 2 usage, 6 unconfirmed."""
+    prints the namespace and a summary. Exit codes: 0 ok, 1 error, 2 usage, 6 unconfirmed,
+    8 unauthorized (--token)."""
     from .publisher import PublishOptions, publish_plan
 
-    access = _access(relay, ca, insecure, connect_ms)
+    access = _access(relay, ca, insecure, connect_ms, token)
     if (kvfile is None) == (synthetic is None):
         raise click.UsageError("give exactly one of --kvfile and --synthetic")
     desc = load_descriptor(descriptor) if descriptor is not None else None
@@ -311,7 +325,7 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
-             connect_ms: float,
+             connect_ms: float, token: Path | None,
              descriptor: Path, scope_key: Path, tokens: Path, codec: str, joint: bool,
              require_cose: bool, keys: Path | None, namespaces: tuple[str, ...],
              index_blocks: int | None, max_blocks: int | None, recompute_ms_per_layer: float,
@@ -319,7 +333,7 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
              report: Path | None, quiet: bool = False) -> None:
     from .subscriber import RetrieveOptions, retrieve
 
-    access = _access(relay, ca, insecure, connect_ms)
+    access = _access(relay, ca, insecure, connect_ms, token)
     desc: Descriptor = load_descriptor(descriptor)
     store = KeyStore.from_directory(keys) if keys is not None else None
     if require_cose and (store is None or len(store) == 0):
@@ -405,7 +419,8 @@ def fetch(**kw: Any) -> None:
               help="Write the publication summary as JSON.")
 @_errors
 def prefill(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms: float,
-            model_name: str, scope_key: Path, tokens: Path | None, text: str | None,
+            token: Path | None, model_name: str, scope_key: Path, tokens: Path | None,
+            text: str | None,
             block_tokens: int, chunk_blocks: int | None, confirm: str,
             descriptor_out: Path | None, out: Path | None, report: Path | None) -> None:
     """Prefill a prompt with a real model and publish its KV cache, each layer as soon as
@@ -417,7 +432,7 @@ def prefill(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
 
     from .publisher import PublishOptions
 
-    access = _access(relay, ca, insecure, connect_ms)
+    access = _access(relay, ca, insecure, connect_ms, token)
     if (tokens is None) == (text is None):
         raise click.UsageError("give exactly one of --tokens and --text")
     try:

@@ -6,6 +6,7 @@ import asyncio
 import os
 from dataclasses import dataclass
 
+from relay.core.auth import tokens_of
 from relay.session import (
     MoqtSession,
     SessionConfig,
@@ -36,6 +37,8 @@ class RelayAccess:
     insecure: bool = False
     timeout: float = CONNECT_TIMEOUT
     settings: QuicSettings = PEER_SETTINGS
+    # AUTHORIZATION_TOKEN sent in SETUP: the relay applies it to every request (§6.6).
+    token: bytes | None = None
 
 
 async def connect(url: str, access: RelayAccess, handler: SessionHandler | None = None
@@ -43,7 +46,8 @@ async def connect(url: str, access: RelayAccess, handler: SessionHandler | None 
     """``handler`` answers the relay's requests (a publisher serving its Tracks)."""
     try:
         return await asyncio.wait_for(
-            open_session(url, config=SessionConfig(), handler=handler,
+            open_session(url, config=SessionConfig(authorization_tokens=tokens_of(access.token)),
+                         handler=handler,
                          ca_file=access.ca_file, insecure=access.insecure,
                          settings=access.settings), access.timeout)
     except TimeoutError:

@@ -33,7 +33,8 @@ from relay.kvcs.namespace import (
     model_prefix,
     parse_namespace,
 )
-from relay.session import MoqtSession, NamespaceSubscription, SessionFailure
+from relay.moqt.codes import RequestErrorCode
+from relay.session import MoqtSession, NamespaceSubscription, RequestRejected, SessionFailure
 
 MAX_PREFIXES = 64  # longer prompts are searched with one model-wide request
 GRACE = 0.05
@@ -50,9 +51,11 @@ class Candidate:
 
 async def discover(session: MoqtSession, scope_id: bytes, compat_id: bytes,
                    keys: Sequence[bytes], *, window: float = 0.5, grace: float = GRACE,
-                   max_prefixes: int = MAX_PREFIXES) -> list[Candidate]:
+                   max_prefixes: int = MAX_PREFIXES, denied: list[str] | None = None
+                   ) -> list[Candidate]:
     """Candidates, longest shared prefix first (several publications of one prefix keep
-    their announcement order)."""
+    their announcement order). Prefixes the relay refused as UNAUTHORIZED (with no
+    narrower prefix left to try) are added to ``denied``."""
     if not keys:
         return []
     blocks_of = {key: n for n, key in enumerate(keys, 1)}  # Anchor Key -> prefix blocks
@@ -65,10 +68,13 @@ async def discover(session: MoqtSession, scope_id: bytes, compat_id: bytes,
     async def follow(prefix: Namespace) -> None:
         try:
             sub = await session.subscribe_namespace(prefix)
-        except SessionFailure:
+        except SessionFailure as e:
             if len(prefix) < 4:
                 # a relay that grants per-prefix access only: the longest prefixes, then
                 await asyncio.gather(*(follow(p) for p in per_key))
+            elif denied is not None and isinstance(e, RequestRejected) and \
+                    e.code == RequestErrorCode.UNAUTHORIZED:
+                denied.append(str(e))
             return  # e.g. unauthorized for this scope: nothing found here
         subs.append(sub)
         async for ev in sub:

@@ -10,6 +10,7 @@ EXIT_PARTIAL = 4  # some layers could not be retrieved in time (or by the deadli
 EXIT_REFUSED = 5  # publications were found but failed verification (compat, COSE)
 EXIT_UNCONFIRMED = 6  # publish: a relay did not confirm every Object
 EXIT_UNVERIFIED = 7  # --require-cose: Objects no signed manifest version listed in time
+EXIT_UNAUTHORIZED = 8  # the relay refused the requests as UNAUTHORIZED (--token)
 
 
 class PeerError(Exception):
@@ -37,3 +38,10 @@ class Refused(PeerError):
 
 class Unconfirmed(PeerError):
     exit_code = EXIT_UNCONFIRMED
+
+
+class Unauthorized(PeerError):
+    """The relay refused the command's requests with UNAUTHORIZED: a missing or wrong
+    ``--token``, or one not granted this scope."""
+
+    exit_code = EXIT_UNAUTHORIZED

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from relay.kvcs.namespace import KvcsNamespace
 from relay.kvcs.plan import PlannedObject, PublicationPlan
-from relay.moqt.codes import ObjectStatus
+from relay.moqt.codes import ObjectStatus, RequestErrorCode
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import Location
@@ -39,6 +39,7 @@ from relay.session import (
     MoqtSession,
     PublishedNamespace,
     ReceivedObject,
+    RequestRejected,
     ServedSubscription,
     SessionFailure,
     SubgroupWriter,
@@ -46,7 +47,7 @@ from relay.session import (
 from relay.transport import TransportError
 
 from .connect import RelayAccess, connect
-from .errors import PeerError, Unconfirmed
+from .errors import PeerError, Unauthorized, Unconfirmed
 from .serving import PublishedTracks
 
 REQUEST_TIMEOUT = 10.0
@@ -168,6 +169,11 @@ async def publish_plan(plan: PublicationPlan, access: RelayAccess,
 async def _guarded(url: str, aw: Awaitable[None]) -> None:
     try:
         await aw
+    except RequestRejected as e:
+        if e.code == RequestErrorCode.UNAUTHORIZED:
+            raise Unauthorized(f"relay {url}: not authorized to publish ({e}); check --token"
+                               ) from None
+        raise PeerError(f"relay {url}: {e}") from None
     except (SessionFailure, TransportError) as e:
         raise PeerError(f"relay {url}: {e}") from None
 

@@ -34,7 +34,8 @@ from relay.kvcs.descriptor import Descriptor
 from relay.kvcs.errors import KvcsError
 from relay.kvcs.identifiers import block_keys, scope_id
 from relay.kvcs.namespace import KvcsNamespace
-from relay.session import MoqtSession, SessionFailure
+from relay.moqt.codes import RequestErrorCode
+from relay.session import MoqtSession, RequestRejected, SessionFailure
 from relay.transport import TransportError
 
 from .completed import PublicationGone, fetch_manifest, retrieve_completed
@@ -48,6 +49,7 @@ from .errors import (
     EXIT_UNVERIFIED,
     NotFound,
     PeerError,
+    Unauthorized,
 )
 from .live import LiveRetrieval, await_listing
 from .report import build_report
@@ -95,6 +97,8 @@ class _Sessions:
         self.access = access
         self.open: dict[str, MoqtSession] = {}
         self.failed: dict[str, str] = {}
+        # relays that refused this command's requests as UNAUTHORIZED (url -> reason)
+        self.denied: dict[str, str] = {}
 
     async def get(self, url: str) -> MoqtSession | None:
         s = self.open.get(url)
@@ -139,6 +143,10 @@ async def retrieve(opts: RetrieveOptions) -> Retrieval:
             if not state.targets:
                 if sessions.failed and len(sessions.failed) == len(opts.access.urls):
                     raise PeerError("; ".join(sessions.failed.values()))
+                if sessions.denied:
+                    raise Unauthorized("; ".join(f"relay {u}: not authorized ({r})" for u, r
+                                                 in sessions.denied.items()) +
+                                       "; check --token")
                 if refusals:
                     raise ManifestRefused("; ".join(dict.fromkeys(refusals)))
                 raise NotFound("no publication of this prompt's prefix on any relay")
@@ -165,20 +173,24 @@ async def _primary(opts: RetrieveOptions, state: RetrievalState, sessions: _Sess
             continue
         # Publications named by an index first; discovery only if none of them serves.
         found.extend((url, c) for c in explicit)
-        if await _try_candidates(opts, state, session, url, explicit, refusals):
+        if await _try_candidates(opts, state, sessions, url, explicit, refusals):
             return url
         candidates: list[Candidate] = []
+        denied: list[str] = []
         with contextlib.suppress(SessionFailure, TransportError):
             candidates = await discover(session, scope_id(opts.scope_key), d.compat_id, keys,
-                                        window=opts.discovery_window)
+                                        window=opts.discovery_window, denied=denied)
+        if denied and not candidates:
+            sessions.denied[url] = denied[0]
         found.extend((url, c) for c in candidates)
-        if await _try_candidates(opts, state, session, url, candidates, refusals):
+        if await _try_candidates(opts, state, sessions, url, candidates, refusals):
             return url
     return None
 
 
-async def _try_candidates(opts: RetrieveOptions, state: RetrievalState, session: MoqtSession,
+async def _try_candidates(opts: RetrieveOptions, state: RetrievalState, sessions: _Sessions,
                           url: str, candidates: list[Candidate], refusals: list[str]) -> bool:
+    session = sessions.open[url]
     for cand in candidates:
         state.decide("try-publication", relay=url, via=cand.via,
                      prefix_blocks=cand.blocks, pub_id=cand.namespace.pub_id.hex())
@@ -191,6 +203,8 @@ async def _try_candidates(opts: RetrieveOptions, state: RetrievalState, session:
             continue
         except (PublicationGone, SessionFailure, TransportError, KvcsError) as e:
             state.decide("attempt-failed", relay=url, error=str(e))
+            if isinstance(e, RequestRejected) and e.code == RequestErrorCode.UNAUTHORIZED:
+                sessions.denied[url] = str(e)
             if not state.targets:
                 _drop_publication(state)
                 continue

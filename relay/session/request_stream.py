@@ -41,6 +41,11 @@ class RequestStream:
     def stream_id(self) -> int:
         return self.send_stream.stream_id
 
+    @property
+    def send_finished(self) -> bool:
+        """Our direction has ended (FIN or reset): nothing more will be answered here."""
+        return self._send_done
+
     async def send(self, msg: Message, *, fin: bool = False) -> None:
         if self._send_done:
             return
@@ -67,6 +72,19 @@ class RequestStream:
                 continue
             self._pending.extend(self._parser.feed(chunk))
         return self._pending.popleft()
+
+    async def release(self) -> None:
+        """The request is over (REQUEST_ERROR, TRACK_STATUS_OK): stop reading so the
+        transport forgets the stream. A long-lived session makes many requests; each
+        finished one must not leave its receive side behind. A FIN already received is
+        read (that frees it); a peer still sending gets STOP_SENDING. Never waits."""
+        if self._recv_done:
+            return
+        self._recv_done = True
+        self.recv_stream.stop_sending(StreamResetCode.CANCELLED)
+        with contextlib.suppress(StreamReset, TransportError):
+            while await self.recv_stream.read():
+                pass
 
     def cancel(self, code: int = StreamResetCode.CANCELLED) -> None:
         """Abort both directions (RESET_STREAM + STOP_SENDING), §5.1."""

@@ -88,6 +88,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvcs.session")
 
 _DATAGRAM = StreamInfo(-1, Source.DATAGRAM)
+# Request IDs received out of order that are remembered at most (beyond: see
+# check_peer_request_id); far more than the request streams a peer may have open at once.
+REQUEST_ID_WINDOW = 4096
 _REQUEST_TYPES = (Subscribe, Publish, Fetch, TrackStatus, PublishNamespace, SubscribeNamespace,
                   SubscribeTracks)
 
@@ -108,7 +111,8 @@ class MoqtSession:
         self.is_client = conn.is_client
         self.peer_setup: Setup | None = None
         self._next_request_id = 0 if self.is_client else 1
-        self._peer_request_ids: set[int] = set()
+        self._peer_request_ids: set[int] = set()  # used, above _peer_floor
+        self._peer_floor = 1 if self.is_client else 0  # the peer's lowest unused ID
         self._next_alias = 1
         self._control: SendStream | None = None
         self._setup_received = asyncio.Event()
@@ -384,9 +388,18 @@ class MoqtSession:
         if rid % 2 != peer_parity:
             raise SessionError(SessionErrorCode.INVALID_REQUEST_ID,
                                f"Request ID {rid} has the wrong parity")
-        if rid in self._peer_request_ids:
+        if rid < self._peer_floor or rid in self._peer_request_ids:
             raise SessionError(SessionErrorCode.INVALID_REQUEST_ID, f"Request ID {rid} reused")
         self._peer_request_ids.add(rid)
+        # Bounded bookkeeping: IDs are used in order (each endpoint increments by 2, §4.4),
+        # so every ID below the floor is used and only the out-of-order ones above it are
+        # remembered. A peer skipping IDs cannot grow the set past the window: the floor
+        # then moves up and a skipped ID arriving later counts as reused.
+        if len(self._peer_request_ids) > REQUEST_ID_WINDOW:
+            self._peer_floor = min(self._peer_request_ids)
+        while self._peer_floor in self._peer_request_ids:
+            self._peer_request_ids.discard(self._peer_floor)
+            self._peer_floor += 2
 
     def next_track_alias(self) -> int:
         alias = self._next_alias
@@ -398,6 +411,13 @@ class MoqtSession:
     async def _serve_request(self, incoming: IncomingStream) -> None:
         assert incoming.send is not None
         rs = RequestStream(self, incoming.send, incoming.recv)
+        try:
+            await self._serve_request_on(rs)
+        finally:
+            if rs.send_finished:  # answered and over: forget the stream
+                await rs.release()
+
+    async def _serve_request_on(self, rs: RequestStream) -> None:
         try:
             msg = await rs.recv()
         except StreamReset:

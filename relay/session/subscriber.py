@@ -163,6 +163,7 @@ async def request_ok(session: MoqtSession, make: Callable[[int], RequestMessage]
     reply = await _first_reply(session, rs, what)
     if isinstance(reply, RequestErrorMessage):
         await rs.finish()
+        await rs.release()
         raise _rejected(session, reply, namespace_request)
     if not isinstance(reply, RequestOk):
         raise protocol_violation(f"{type(reply).__name__} in reply to {what}")
@@ -342,6 +343,7 @@ async def _send_routed(session: MoqtSession, rs: RequestStream, msg: RequestMess
         session.unbind_request(rid)
         target.ended = True
         await rs.finish()
+        await rs.release()
         raise _rejected(session, reply, False)
     return reply
 
@@ -399,7 +401,12 @@ class FetchResponse(_EventSource[FetchEvent]):
         self.ended = True
         self.session.unbind_request(self.request_id)
         self._events.put_nowait_end(_END if fin else StreamAborted(reset_code or 0))
-        self.session.spawn(self.rs.finish(), "fetch-fin")
+        self.session.spawn(self._close_request(), "fetch-fin")
+
+    async def _close_request(self) -> None:
+        """The response is complete: FIN the request stream and forget it (§7.10)."""
+        await self.rs.finish()
+        await self.rs.release()
 
     def session_closed(self, code: int, reason: str) -> None:
         if not self.ended:
@@ -658,6 +665,7 @@ async def start_subscribe_namespace(session: MoqtSession, prefix: TrackNamespace
 
 async def track_status(session: MoqtSession, namespace: TrackNamespace, name: bytes,
                        params: Params) -> RequestOk:
-    _, reply, _ = await request_ok(session, lambda rid: TrackStatus(rid, namespace, name, params),
-                                fin=True)
+    rs, reply, _ = await request_ok(session, lambda rid: TrackStatus(rid, namespace, name, params),
+                                 fin=True)
+    await rs.release()  # TRACK_STATUS_OK ends the request (§7.11)
     return reply

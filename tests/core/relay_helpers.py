@@ -83,11 +83,12 @@ class PushedTrack:
 
 
 async def push_track(session: MoqtSession, full_name: FullTrackName, layers: int,
-                     announce: bool = True) -> PushedTrack:
+                     announce: bool = True, properties: tuple[object, ...] = ()
+                     ) -> PushedTrack:
     if announce:
         await asyncio.wait_for(session.publish_namespace(full_name.namespace), TIMEOUT)
-    served = await asyncio.wait_for(session.publish(full_name.namespace, full_name.name),
-                                    TIMEOUT)
+    served = await asyncio.wait_for(session.publish(full_name.namespace, full_name.name,
+                                                    properties=properties), TIMEOUT)
     return PushedTrack(session, served, full_name, layers)
 
 

@@ -1,0 +1,50 @@
+"""TRACK_STATUS answers for every Track the relay can serve: one held only in LMDB after a
+restart, one only its upstream knows; with the Track Properties (§7.11, §12, §14)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from relay_helpers import TIMEOUT, client, group_payloads, make_ns, push_track, relay_at
+
+from relay.moqt.codes import RequestErrorCode
+from relay.moqt.kvp import KeyValuePair
+from relay.moqt.params import Params
+from relay.moqt.primitives import FullTrackName
+from relay.session import RequestRejected
+
+
+async def test_track_status_of_lmdb_only_and_upstream_tracks(tmp_path: Path) -> None:
+    props = (KeyValuePair(0x0E, 3), KeyValuePair(0x3801, b"app-defined"))
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    r = await relay_at(tmp_path / "origin")
+    try:
+        track = await push_track(await client(r), name, 1, properties=props)
+        await track.group(0, group_payloads(0, 2))
+        await track.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        largest = r.relay.tracks[name].largest()
+    finally:
+        await r.close()
+    r2 = await relay_at(tmp_path / "origin")  # restarted: the Track is in LMDB only
+    edge = await relay_at(tmp_path / "edge", upstream=[r2.url])
+    try:
+        for relay in (r2, edge):  # the edge never saw the Track: it asks upstream
+            c = await client(relay)
+            ok = await asyncio.wait_for(c.track_status(name.namespace, name.name), TIMEOUT)
+            assert ok.params.largest_object == largest
+            assert tuple(ok.track_properties) == props
+            bare = await asyncio.wait_for(c.track_status(
+                name.namespace, name.name, Params(include_properties=False)), TIMEOUT)
+            assert tuple(bare.track_properties) == ()
+        try:
+            await asyncio.wait_for(c.track_status(name.namespace, b"nothing"), TIMEOUT)
+        except RequestRejected as e:
+            assert e.code == RequestErrorCode.DOES_NOT_EXIST
+        else:
+            raise AssertionError("a Track nobody has was answered")
+        assert FullTrackName(name.namespace, b"nothing") not in edge.relay.tracks
+    finally:
+        await edge.close()
+        await r2.close()

@@ -237,9 +237,13 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
         except BaseException:
             await running.close()
             raise
-        running.siblings = SiblingLinks(relay, config.worker.run_dir, config.worker.index,
-                                        ca_file=sib.certfile, secret=config.worker.secret,
-                                        settings=settings)
+        # a dead sibling is noticed as fast as a dead upstream (its Tracks then route
+        # elsewhere, or are refused as unreachable, not waited for)
+        running.siblings = SiblingLinks(
+            relay, config.worker.run_dir, config.worker.index, ca_file=sib.certfile,
+            secret=config.worker.secret,
+            settings=dataclasses.replace(settings, idle_timeout=config.upstream_idle_timeout,
+                                         keepalive_interval=config.upstream_idle_timeout / 3))
         running.siblings.start()
     if config.metrics_listen is not None:
         assert running.metrics is not None

@@ -16,7 +16,7 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relay.core.purge import known_tracks, purge, tiers_of
@@ -60,6 +60,19 @@ def format_track_name(name: bytes) -> str:
     if name.isascii() and name.decode().isprintable():
         return name.decode()
     return "hex:" + name.hex()
+
+
+def scope_totals(tracks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Tracks and bytes per tier per scope (the namespace's second field), from the
+    ``tracks`` entries of ``GET /admin/state``."""
+    scopes: dict[str, dict[str, int]] = {}
+    for t in tracks:
+        fields = t["namespace"].split("/")
+        sc = scopes.setdefault(fields[1] if len(fields) > 1 else "", {"tracks": 0})
+        sc["tracks"] += 1
+        for tier, n in t["bytes"].items():
+            sc[f"{tier}_bytes"] = sc.get(f"{tier}_bytes", 0) + n
+    return [{"scope": s, **v} for s, v in sorted(scopes.items())]
 
 
 def _json(status: int, doc: Any) -> Answer:
@@ -114,14 +127,8 @@ class AdminApi:
         sessions["total"] = sum(sessions.values())
         keys = sorted(known_tracks(relay))
         tracks = [self._track(k) for k in keys]
-        scopes: dict[str, dict[str, int]] = {}
-        for k, t in zip(keys, tracks, strict=True):
-            sc = scopes.setdefault(k[0][1].hex() if len(k[0]) > 1 else "", {"tracks": 0})
-            sc["tracks"] += 1
-            for tier, n in t["bytes"].items():
-                sc[f"{tier}_bytes"] = sc.get(f"{tier}_bytes", 0) + n
         return {"sessions": sessions,
-                "scopes": [{"scope": s, **v} for s, v in sorted(scopes.items())],
+                "scopes": scope_totals(tracks),
                 "namespaces": sorted(format_namespace(ns) for ns in relay.namespaces.namespaces()),
                 "tracks": tracks}
 

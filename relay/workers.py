@@ -38,6 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relay.admin import MAX_BODY as ADMIN_MAX_BODY
 from relay.admin import PREFIX as ADMIN_PREFIX
+from relay.admin import scope_totals
 from relay.core.siblings import read_worker_files
 from relay.service import RelayConfig
 from relay.transport import ensure_self_signed
@@ -265,17 +266,8 @@ class Supervisor:
     # -- the one /metrics, /healthz, /readyz, /workers ----------------------------------------
 
     async def _get(self, port: int, path: str) -> tuple[int, str]:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection("127.0.0.1", port), _SCRAPE_TIMEOUT)
-        try:
-            writer.write(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
-            await writer.drain()
-            raw = await asyncio.wait_for(reader.read(), _SCRAPE_TIMEOUT)
-        finally:
-            writer.close()
-        head, _, body = raw.partition(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        return status, body.decode("utf-8", "replace")
+        status, body = await _request(port, "GET", path)
+        return int(status.split(" ", 1)[0]), body.decode("utf-8", "replace")
 
     async def _scrape_all(self, path: str) -> list[tuple[int, str] | None]:
         infos = self._infos()
@@ -359,25 +351,32 @@ class Supervisor:
                         if k in ("authorization", "content-type"))
         answers = []
         for i in sorted(infos):
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", int(infos[i]["metrics_port"])),
-                _SCRAPE_TIMEOUT)
-            try:
-                writer.write(f"{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{extra}"
-                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-                await writer.drain()
-                raw = await asyncio.wait_for(reader.read(), 30.0)
-            finally:
-                writer.close()
-            head, _, text = raw.partition(b"\r\n\r\n")
-            status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            code = status_line.split(" ", 1)[1] if " " in status_line else "502 Bad Gateway"
+            code, text = await _request(int(infos[i]["metrics_port"]), method, path,
+                                        extra=extra, body=body, timeout=30.0)
             if not code.startswith("200"):
                 return code, "text/plain", text.decode("utf-8", "replace")
             answers.append(json.loads(text))
         merged = merge_admin_state(answers) if path.endswith("/state") else \
             merge_admin_purge(answers)
         return "200 OK", "application/json", json.dumps(merged, indent=1) + "\n"
+
+
+async def _request(port: int, method: str, path: str, *, extra: str = "",
+                   body: bytes = b"", timeout: float = _SCRAPE_TIMEOUT) -> tuple[str, bytes]:
+    """(status, e.g. "200 OK"; body) of one HTTP/1.0 request to a worker's loopback
+    metrics listener; ``extra`` are header lines, each ending in CRLF."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port),
+                                            _SCRAPE_TIMEOUT)
+    try:
+        writer.write(f"{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{extra}"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+    head, _, text = raw.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    return (status_line.split(" ", 1)[1] if " " in status_line else "502 Bad Gateway"), text
 
 
 def merge_admin_state(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -406,16 +405,9 @@ def merge_admin_state(docs: list[dict[str, Any]]) -> dict[str, Any]:
             if t["largest_object"] and (not have["largest_object"]
                                         or t["largest_object"] > have["largest_object"]):
                 have["largest_object"] = t["largest_object"]
-    scopes: dict[str, dict[str, int]] = {}
-    for (ns, _), t in sorted(tracks.items()):
-        parts = ns.split("/")
-        sc = scopes.setdefault(parts[1] if len(parts) > 1 else "", {"tracks": 0})
-        sc["tracks"] += 1
-        for tier, n in t["bytes"].items():
-            sc[f"{tier}_bytes"] = sc.get(f"{tier}_bytes", 0) + n
-    return {"sessions": sessions, "workers": len(docs),
-            "scopes": [{"scope": s, **v} for s, v in sorted(scopes.items())],
-            "namespaces": sorted(namespaces), "tracks": [tracks[k] for k in sorted(tracks)]}
+    merged = [tracks[k] for k in sorted(tracks)]
+    return {"sessions": sessions, "workers": len(docs), "scopes": scope_totals(merged),
+            "namespaces": sorted(namespaces), "tracks": merged}
 
 
 def merge_admin_purge(docs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -165,9 +165,8 @@ class Relay:
         handler.attach(session)
         # a sibling worker's session is the relay talking to itself: not a client session
         # in the metrics, and not sent GOAWAY (the sibling drains on its own)
-        clients = self.sessions if not sibling else set()
-        clients.add(session)
         if not sibling:
+            self.sessions.add(session)
             self.counters.inc("sessions_accepted")
             self.counters.inc(f"sessions_accepted_{conn.transport}")
         log.info("session open: %s %s%s", conn.transport, conn.remote_address,
@@ -180,7 +179,7 @@ class Relay:
                 self.counters.inc(f"sessions_closed_{conn.transport}_{code if known else 0x1}")
             log.info("session closed: code 0x%x %s", code, reason)
         finally:
-            clients.discard(session)
+            self.sessions.discard(session)
             self.namespaces.remove_source(session)
             for lst in self.namespaces.listeners_of(session):
                 self.namespaces.remove_listener(lst)
@@ -343,9 +342,7 @@ class Relay:
                     last = e
                     continue
                 except (SessionFailure, TransportError, TimeoutError) as e:
-                    log.warning("upstream SUBSCRIBE for %r failed: %s", track,
-                                e or "no answer in time")
-                    last = RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
+                    last = self._unanswered("SUBSCRIBE", track, e)
                     continue
                 self.counters.inc("upstream_subscriptions")
                 track.attach_upstream(sub)
@@ -355,6 +352,13 @@ class Relay:
         finally:
             track.establishing = None
             fut.set_result(None)
+
+    @staticmethod
+    def _unanswered(what: str, track: RelayTrack, e: Exception) -> RequestRejected:
+        """A source that failed or did not answer in time: logged, and the refusal to give
+        if no other source answers (the Track may exist there: TIMEOUT, not DOES_NOT_EXIST)."""
+        log.warning("upstream %s for %r failed: %s", what, track, e or "no answer in time")
+        return RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
 
     def unreachable_error(self) -> RequestRejected | None:
         """The refusal of a request only the upstream relay could answer while it is
@@ -442,9 +446,7 @@ class Relay:
                 log.info("upstream TRACK_STATUS for %r refused: %s", track, e)
                 continue
             except (TimeoutError, SessionFailure, TransportError) as e:
-                log.warning("upstream TRACK_STATUS for %r failed: %s", track,
-                            e or "no answer in time")
-                err = RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
+                err = self._unanswered("TRACK_STATUS", track, e)
                 continue
             if ok.params.largest_object is None:
                 continue

@@ -70,11 +70,6 @@ class SiblingLinks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    @property
-    def linked(self) -> set[int]:
-        """Indexes of the siblings this worker has a link to now."""
-        return set(self._links)
-
     async def _scan(self) -> None:
         while True:
             for idx, info in read_worker_files(self.run_dir).items():
@@ -102,7 +97,5 @@ class SiblingLinks:
             log.debug("no link to sibling worker %d yet: %s", idx, e)
             await asyncio.sleep(SCAN_INTERVAL)  # before the next scan dials it again
         finally:
-            if session is not None:
-                self.relay.siblings.discard(session)
-                if not session.closed:
-                    await session.aclose()
+            if session is not None and not session.closed:
+                await session.aclose()

@@ -28,7 +28,7 @@ from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.stream import QuicStream
 
-from .backend import aioquic_shaped
+from .backend import UnreadBytes, aioquic_shaped
 from .config import QuicSettings
 
 # one frame type byte plus two varints (stream id, maximum)
@@ -50,9 +50,8 @@ class CreditedQuicConnection(QuicConnection):
     """QuicConnection whose receive windows follow application reads (see module doc)."""
 
     # Set by AioquicView; class-level defaults keep a bare instance usable.
-    credit_unread: dict[int, int]
+    credit_unread: UnreadBytes
     credit_unaccepted: list[int]  # peer streams not yet accept()ed: [bidi, uni]
-    credit_unread_total: int = 0
     credit_stream_window: int = 1 << 20
     credit_conn_window: int = 1 << 24
 
@@ -65,7 +64,7 @@ class CreditedQuicConnection(QuicConnection):
         if not stream.receiver.is_finished:
             window = self.credit_stream_window
             target = (stream.receiver.starting_offset()
-                      - self.credit_unread.get(stream.stream_id, 0) + window)
+                      - self.credit_unread.per_stream.get(stream.stream_id, 0) + window)
             if target - local >= window >> 1:
                 stream.max_stream_data_local = local = target
         if stream.max_stream_data_local_sent != local:
@@ -81,7 +80,7 @@ class CreditedQuicConnection(QuicConnection):
 
     def _write_connection_limits(self, builder: QuicPacketBuilder, space: object) -> None:
         lim = self._local_max_data
-        target = lim.used - self.credit_unread_total + self.credit_conn_window
+        target = lim.used - self.credit_unread.total + self.credit_conn_window
         if target - lim.value >= self.credit_conn_window >> 1:
             lim.value = target
         # aioquic doubles MAX_DATA when used*2 > value; hide `used` so it cannot, and let
@@ -114,7 +113,6 @@ class AioquicView:
     """aioquic's answers for the endpoint (see :class:`~relay.transport.backend.QuicView`)."""
 
     __slots__ = ("_q", "_queued")
-    credit_follows_reads = True
 
     def __init__(self, quic: QuicConnection, settings: QuicSettings) -> None:
         # Must run before the handshake so the stream limits go out in the transport
@@ -122,9 +120,8 @@ class AioquicView:
         # class swap rather than construction (the subclass adds no ``__init__`` state).
         quic.__class__ = CreditedQuicConnection
         q: CreditedQuicConnection = quic  # type: ignore[assignment]
-        q.credit_unread = {}
+        q.credit_unread = UnreadBytes()
         q.credit_unaccepted = [0, 0]
-        q.credit_unread_total = 0
         q.credit_stream_window = settings.max_stream_data
         q.credit_conn_window = settings.max_data
         # aioquic hard-codes 128/128 initial stream limits; it returns one credit per
@@ -185,26 +182,19 @@ class AioquicView:
         self._q.credit_unaccepted[uni] -= 1
 
     def buffered(self, stream_id: int, n: int) -> bool:
-        q = self._q
-        q.credit_unread[stream_id] = q.credit_unread.get(stream_id, 0) + n
-        q.credit_unread_total += n
+        self._q.credit_unread.add(stream_id, n)
         return False  # QUIC flow control itself keeps the peer within our windows
 
     def consumed(self, stream_id: int, n: int) -> bool:
         q = self._q
-        left = q.credit_unread[stream_id] - n
-        if left:
-            q.credit_unread[stream_id] = left
-        else:
-            del q.credit_unread[stream_id]
-        q.credit_unread_total -= n
+        left = q.credit_unread.take(stream_id, n)
         stream = q._streams.get(stream_id)
         if stream is not None and not stream.receiver.is_finished:
             target = stream.receiver.starting_offset() - left + q.credit_stream_window
             if target - stream.max_stream_data_local >= q.credit_stream_window >> 1:
                 return True
         lim = q._local_max_data
-        return (lim.used - q.credit_unread_total + q.credit_conn_window - lim.value
+        return (lim.used - q.credit_unread.total + q.credit_conn_window - lim.value
                 >= q.credit_conn_window >> 1)
 
     def relieved(self) -> bool:
@@ -212,7 +202,7 @@ class AioquicView:
 
     @property
     def unread_total(self) -> int:
-        return self._q.credit_unread_total
+        return self._q.credit_unread.total
 
 
 def _receive_many(quic: QuicConnection, datagrams: list[bytes], addr: Any, now: float

@@ -32,7 +32,7 @@ from qh3.quic import events
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection, QuicConnectionError
 
-from .backend import aioquic_shaped
+from .backend import UnreadBytes, aioquic_shaped
 from .config import QuicSettings
 from .tls import pinned_self_signed
 
@@ -45,15 +45,13 @@ PRIVATE_MEMBERS_SERVER = ("_protocols",)
 class Qh3View:
     """qh3's answers for the endpoint (see :class:`~relay.transport.backend.QuicView`)."""
 
-    __slots__ = ("_conn_window", "_q", "_stream_window", "_unread", "_unread_total")
-    credit_follows_reads = False
+    __slots__ = ("_conn_window", "_q", "_stream_window", "_unread")
 
     def __init__(self, quic: QuicConnection, settings: QuicSettings) -> None:
         self._q = quic
         self._stream_window = settings.max_stream_data
         self._conn_window = settings.max_data
-        self._unread: dict[int, int] = {}
-        self._unread_total = 0
+        self._unread = UnreadBytes()
 
     def unsent(self, stream_id: int) -> int:
         return self._q.get_send_buffer_size(stream_id)
@@ -100,27 +98,21 @@ class Qh3View:
         pass
 
     def buffered(self, stream_id: int, n: int) -> bool:
-        left = self._unread.get(stream_id, 0) + n
-        self._unread[stream_id] = left
-        self._unread_total += n
-        return left > self._stream_window or self._unread_total > self._conn_window
+        left = self._unread.add(stream_id, n)
+        return left > self._stream_window or self._unread.total > self._conn_window
 
     def consumed(self, stream_id: int, n: int) -> bool:
-        left = self._unread[stream_id] - n
-        if left:
-            self._unread[stream_id] = left
-        else:
-            del self._unread[stream_id]
-        self._unread_total -= n
+        self._unread.take(stream_id, n)
         return False
 
     def relieved(self) -> bool:
-        return (self._unread_total <= self._conn_window // 2
-                and max(self._unread.values(), default=0) <= self._stream_window // 2)
+        u = self._unread
+        return (u.total <= self._conn_window // 2
+                and max(u.per_stream.values(), default=0) <= self._stream_window // 2)
 
     @property
     def unread_total(self) -> int:
-        return self._unread_total
+        return self._unread.total
 
 
 def _trust(config: QuicConfiguration, ca_file: str) -> None:

@@ -83,9 +83,33 @@ class QuicView(Protocol):
     def unread_total(self) -> int:
         """Received bytes not yet read by the application, over all streams."""
 
-    @property
-    def credit_follows_reads(self) -> bool:
-        """True if receive credit is returned only as the application reads."""
+
+class UnreadBytes:
+    """Received bytes waiting in the application's stream buffers, per stream and in all:
+    what both backends measure their receive bound against."""
+
+    __slots__ = ("per_stream", "total")
+
+    def __init__(self) -> None:
+        self.per_stream: dict[int, int] = {}
+        self.total = 0
+
+    def add(self, stream_id: int, n: int) -> int:
+        """``n`` more bytes wait on ``stream_id``; returns how many wait there now."""
+        left = self.per_stream.get(stream_id, 0) + n
+        self.per_stream[stream_id] = left
+        self.total += n
+        return left
+
+    def take(self, stream_id: int, n: int) -> int:
+        """The application read ``n`` bytes of ``stream_id``; returns how many still wait."""
+        left = self.per_stream[stream_id] - n
+        if left:
+            self.per_stream[stream_id] = left
+        else:
+            del self.per_stream[stream_id]
+        self.total -= n
+        return left
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,15 +212,3 @@ def get_backend(name: str = DEFAULT_BACKEND) -> QuicBackend:
         raise BackendUnavailable(f"QUIC backend {name!r} is not installed{hint}: {e}") from None
     backend: QuicBackend = module.BACKEND
     return backend
-
-
-def available_backends() -> list[str]:
-    """The backends that can be loaded here, default first."""
-    out = []
-    for name in BACKENDS:
-        try:
-            get_backend(name)
-        except BackendUnavailable:
-            continue
-        out.append(name)
-    return out

@@ -246,8 +246,8 @@ class Connection:
 
     def _buffered(self, sid: int, n: int) -> bool:
         """Account received bytes; True if they overflow the receive bound and the stream
-        must be stopped (see :attr:`~relay.transport.backend.QuicView.credit_follows_reads`;
-        a client pauses its socket instead)."""
+        must be stopped (a backend whose credit does not follow reads, on a server; a client
+        pauses its socket instead: docs/transport.md)."""
         return self._ep._view.buffered(sid, n) and not self._ep._receive_overflow()
 
     def _consumed(self, sid: int, n: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -164,7 +165,7 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
         sock.setblocking(False)
     transport, udp = await loop.create_datagram_endpoint(
         lambda: backend.server(config, server._create_protocol), sock=sock)
-    install(loop, sock, udp, route=lambda cid: backend.route(udp, cid))
+    install(loop, sock, udp, route=functools.partial(backend.route, udp))
     server._udp = udp
     server._sock = sock
     server._sender = DatagramSender(sock, transport, gso_supported(sock))

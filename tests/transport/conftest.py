@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +28,31 @@ SETTINGS = QuicSettings(max_datagram_size=8952, idle_timeout=15.0, connect_timeo
 async def w(aw: Awaitable[T], timeout: float = TIMEOUT) -> T:
     """Every await in these tests is bounded."""
     return await asyncio.wait_for(aw, timeout)
+
+
+async def until(cond: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+    """Wait for a state the transport exposes no event for; fail loudly if it never comes,
+    so a test cannot silently check less than it claims."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"never reached: {what}")
+        await asyncio.sleep(0.005)
+
+
+async def round_trips(a: Connection, b: Connection, n: int = 2) -> None:
+    """``n`` datagram exchanges a -> b -> a. Datagrams bypass flow control, and whatever
+    ``b`` queued for ``a`` before answering (credit, stream data) reaches ``a`` no later than
+    the answer: after this, a negative check ("no credit came back") holds however slow
+    the machine is, instead of hoping a fixed delay was long enough."""
+    for i in range(n):
+        ping = b"round trip %d" % i
+        assert a.send_datagram(ping)
+        while (got := await w(b.receive_datagram())) != ping:
+            pass
+        assert b.send_datagram(got)
+        while await w(a.receive_datagram()) != ping:
+            pass
 
 
 def url_for(server: Server, transport: str, path: str = "/moq") -> str:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 
 import pytest
 from backends import credit_follows_reads
-from conftest import w
+from conftest import round_trips, until, w
 
-from relay.transport import QuicSettings, SendStream, StreamStopped
+from relay.transport import Connection, QuicSettings, SendStream, StreamStopped
 from relay.transport.config import RECEIVE_OVERFLOW_CODE
 from relay.transport.errors import ReceiveBufferFull
 
@@ -20,6 +21,10 @@ KiB = 1024
 WINDOW = 64 * KiB
 HIGH = 64 * KiB
 CHUNK = 16 * KiB
+# Window bytes that carry no application data: a WebTransport stream's header (signal and
+# session ID), and on the connection also HTTP/3's own streams.
+STREAM_SLACK = 16
+CONNECTION_SLACK = 1 * KiB
 SETTINGS = QuicSettings(max_datagram_size=8952, max_stream_data=WINDOW, max_data=4 * WINDOW,
                         send_buffer_high=HIGH, connection_send_buffer_high=8 * HIGH,
                         connect_timeout=5.0)
@@ -32,10 +37,15 @@ async def _writer(send: SendStream, payload: bytes, progress: list[int]) -> None
     await send.finish()
 
 
-async def _is_blocked(task: asyncio.Task[None]) -> bool:
-    # A negative check needs some time: give the writer 1 s to (wrongly) finish.
-    done, _ = await asyncio.wait({task}, timeout=1.0)
-    return not done
+async def _held(task: asyncio.Future[object], written: Callable[[], int],
+                stuck: Callable[[], bool], sender: Connection, reader: Connection) -> None:
+    """The writer filled the reader's window (``stuck``) and gets no further: across round
+    trips in which any credit the reader returned would have arrived, it writes nothing
+    more. Decided on events, so a slow machine cannot turn this into a weaker check."""
+    await until(stuck, "the reader's window full and the writer waiting")
+    before = written()
+    await round_trips(sender, reader)
+    assert written() == before and not task.done()
 
 
 async def test_writer_blocks_on_a_reader_that_does_not_read(make_harness: object,
@@ -57,7 +67,9 @@ async def test_writer_blocks_on_a_reader_that_does_not_read(make_harness: object
             await w(inc.recv.read_all())
         await w(client.aclose())
         return
-    assert await _is_blocked(task)
+    await _held(task, lambda: progress[0],
+                lambda: inc.recv.buffered >= WINDOW - STREAM_SLACK and send in client._blocked,
+                client, server)
     # receiver buffers at most its stream window; sender holds at most high water
     # (+ one write) unsent, plus what is in flight (bounded by the peer's window)
     assert inc.recv.buffered <= WINDOW
@@ -78,8 +90,9 @@ async def test_connection_window_bounds_unread_streams(make_harness: object,
     n = 8  # 8 streams x 64 KiB windows > the 256 KiB connection window
     payloads = [os.urandom(256 * KiB) for _ in range(n)]
     sends = [await w(client.open_uni()) for _ in range(n)]
-    tasks = [asyncio.ensure_future(_writer(s, p, [0])) for s, p in zip(sends, payloads,
-                                                                         strict=True)]
+    progress = [[0] for _ in range(n)]
+    tasks = [asyncio.ensure_future(_writer(s, p, pr))
+             for s, p, pr in zip(sends, payloads, progress, strict=True)]
     incs = []
     while len(incs) < 4:  # at least the window's worth of streams shows up
         incs.append(await w(server.accept()))
@@ -92,9 +105,15 @@ async def test_connection_window_bounds_unread_streams(make_harness: object,
         assert all(i.recv.buffered <= WINDOW for i in incs)
         await w(client.aclose())
         return
-    assert await _is_blocked(asyncio.ensure_future(asyncio.gather(*tasks)))
-    assert sum(i.recv.buffered for i in incs) + sum(
-        i.recv.buffered for i in server._incoming) <= 4 * WINDOW
+    def unread() -> int:
+        return sum(i.recv.buffered for i in incs) + sum(
+            i.recv.buffered for i in server._incoming)
+
+    await _held(asyncio.gather(*tasks), lambda: sum(p[0] for p in progress),
+                lambda: unread() >= 4 * WINDOW - CONNECTION_SLACK and all(
+                    t.done() or s in client._blocked for t, s in zip(tasks, sends, strict=True)),
+                client, server)
+    assert unread() <= 4 * WINDOW
     for inc in incs:
         assert inc.recv.buffered <= WINDOW
     # drain all streams (more may arrive as credit returns)
@@ -116,10 +135,13 @@ async def test_unread_data_is_released_by_stop_sending(make_harness: object,
     client, server = await h.pair(transport, SETTINGS)
     # fill one stream's window, then stop it: the connection window must be returned
     stuck = await w(client.open_uni())
-    task = asyncio.ensure_future(_writer(stuck, os.urandom(1024 * KiB), [0]))
+    progress = [0]
+    task = asyncio.ensure_future(_writer(stuck, os.urandom(1024 * KiB), progress))
     inc = await w(server.accept())
     if credit_follows_reads():
-        assert await _is_blocked(task)
+        await _held(task, lambda: progress[0],
+                    lambda: inc.recv.buffered >= WINDOW - STREAM_SLACK and stuck in client._blocked,
+                    client, server)
         inc.recv.stop_sending(0x1)
         code = 0x1
     else:
@@ -145,13 +167,23 @@ async def test_a_client_that_does_not_read_slows_the_sender(make_harness: object
     client, server = await h.pair(transport, SETTINGS)
     payload = os.urandom(4 * 1024 * KiB)
     send = await w(server.open_uni())
-    task = asyncio.ensure_future(_writer(send, payload, [0]))
+    progress = [0]
+    task = asyncio.ensure_future(_writer(send, payload, progress))
     inc = await w(client.accept())
-    assert await _is_blocked(task)
+    if credit_follows_reads("client"):
+        await _held(task, lambda: progress[0],
+                    lambda: inc.recv.buffered >= WINDOW - STREAM_SLACK and send in server._blocked,
+                    server, client)
+        assert inc.recv.buffered <= WINDOW
+    else:
+        # a paused client reads no datagrams either: no round trip, but nothing moves
+        # until it reads again
+        reader = client._ep._reader
+        await until(lambda: reader is not None and reader.paused and send in server._blocked,
+                    "the client's reader paused and the server's writer waiting")
+        assert not task.done()
     # one burst of datagrams may land after the pause: a window plus a burst at most
     assert inc.recv.buffered <= WINDOW + 512 * KiB
-    if not credit_follows_reads("client"):
-        assert client._ep._reader is not None and client._ep._reader.paused
     got = await w(inc.recv.read_all(), 60)
     await w(task, 60)
     assert got == payload

@@ -4,8 +4,10 @@ The Track's ingest hands every new Object to each Forwarder with the upstream st
 on. The Forwarder applies the subscription's filters and queues what passes on its session's
 scheduler; when emitted, an Object goes on the downstream subgroup stream that mirrors its
 upstream stream (so Objects of a Subgroup stay in order and the "next Object" rule of §11.5
-holds). A downstream stream is FINed when its upstream stream was, unless the filters dropped
-Objects from it — then it is reset (§11.5).
+holds). A downstream stream is FINed when its upstream stream was, unless Objects at or above
+the subscription's start fell outside its Location window (an update narrowed it) — then it
+is reset (§11.5). Objects left out by the subscriber's own Range filters do not cause a reset
+(docs/relay.md: plain RESET_STREAM would discard the Objects it did ask for).
 
 A Forwarder bounds what it holds for a slow subscriber: past ``max_backlog`` bytes the
 subscription ends with PUBLISH_DONE TOO_FAR_BEHIND and its streams are reset with
@@ -20,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from relay.moqt.codes import ObjectStatus, ParameterType, PublishDoneCode, StreamResetCode
+from relay.moqt.codes import ObjectStatus, PublishDoneCode, StreamResetCode
 from relay.moqt.dataplane.objects import SubgroupHeader
 from relay.moqt.params import Params
 from relay.moqt.primitives import Location
+from relay.moqt.range_filter import ObjectFilter, RangeFilter, override_filters
 from relay.session import ServedSubscription, SubgroupWriter
 from relay.transport import TransportError
 from storage.interface import StoredObject
@@ -41,7 +44,7 @@ class _Down:
 
     header: SubgroupHeader
     writer: SubgroupWriter | None = None
-    dropped: bool = False  # an Object of it was filtered out: end with a reset, not FIN
+    dropped: bool = False  # an Object of it fell outside the window: end with a reset
     first: bool = False  # the first Object we send is the Subgroup's first (FIRST_OBJECT)
     offered: int = 0
     failed: bool = False
@@ -67,10 +70,9 @@ class Forwarder:
         self.max_backlog = max_backlog
         self._on_close = on_close
         self._on_backlog = on_backlog
-        p = params
-        self._sub_filter = p.range_filter(ParameterType.SUBGROUP_FILTER)
-        self._id_filter = p.range_filter(ParameterType.OBJECTID_FILTER)
-        self._prio_filter = p.range_filter(ParameterType.PRIORITY_FILTER)
+        self.range_filters: tuple[RangeFilter, ...] = ()
+        self._filter: ObjectFilter | None = None
+        self.update_filters(params.range_filters)
         self._streams: dict[int, _Down] = {}
         self.backlog = 0
         self.pending = 0
@@ -86,23 +88,26 @@ class Forwarder:
         self.served = served
         self._ready.set()
 
+    def update_filters(self, changes: tuple[RangeFilter, ...]) -> None:
+        """Apply Range filters of a SUBSCRIBE or REQUEST_UPDATE (each type given replaces
+        that type; a zero-length one removes it, §6.5)."""
+        self.range_filters = override_filters(self.range_filters, changes)
+        self._filter = ObjectFilter.of(self.range_filters)
+
     # -- fed by the Track's ingest ---------------------------------------------------------------
 
-    def passes(self, obj: StoredObject) -> bool:
+    def in_window(self, obj: StoredObject) -> bool:
         loc = Location(obj.group, obj.object_id)
-        if loc < self.start or (self.end is not None and loc > self.end):
-            return False
-        if obj.status == ObjectStatus.NORMAL:
-            if self._id_filter is not None and self._id_filter.set_id is not None and \
-                    not self._id_filter.matches(obj.object_id):
-                return False
-            if self._sub_filter is not None and self._sub_filter.set_id is not None and \
-                    not self._sub_filter.matches(obj.subgroup):
-                return False
-            if self._prio_filter is not None and self._prio_filter.set_id is not None and \
-                    not self._prio_filter.matches(obj.priority):
-                return False
-        return True
+        return loc >= self.start and (self.end is None or loc <= self.end)
+
+    def passes(self, obj: StoredObject) -> bool:
+        """Inside the Location window and through the Range filters (§6.3: Forward AND
+        Location filter AND Range filters). Status Objects are Objects too: one outside the
+        filters is not sent either."""
+        f = self._filter
+        return self.in_window(obj) and (
+            f is None or f.passes(None if obj.datagram else obj.subgroup, obj.object_id,
+                                  obj.priority, obj.properties))
 
     def offer(self, stream_key: int, header: SubgroupHeader, obj: StoredObject,
               first_in_stream: bool) -> None:
@@ -113,10 +118,10 @@ class Forwarder:
             down = _Down(header, first=header.first_object and first_in_stream)
             self._streams[stream_key] = down
         if not self.passes(obj):
-            if Location(obj.group, obj.object_id) >= self.start:
-                down.dropped = True  # filtered out (not merely below the start): reset later
-            elif down.offered == 0:
-                down.first = False
+            if down.offered == 0:
+                down.first = False  # the first Object we send is not the Subgroup's first
+            if Location(obj.group, obj.object_id) >= self.start and not self.in_window(obj):
+                down.dropped = True  # outside the window, not merely below the start
             return
         down.offered += 1
         size = len(obj.payload) + 64

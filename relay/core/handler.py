@@ -9,20 +9,21 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from relay.moqt.codes import GroupOrder, LocationFilterType, ParameterType, RequestErrorCode
+from relay.moqt.codes import GroupOrder, LocationFilterType, RequestErrorCode
+from relay.moqt.errors import RequestError
 from relay.moqt.location_filter import (
     LocationFilter,
     resolve_fetch_range,
     resolve_subscription_range,
 )
-from relay.moqt.params import Params
+from relay.moqt.params import Params, check_filter_ranges
 from relay.moqt.primitives import (
     Location,
     TrackNamespace,
     format_full_track_name,
     prefixes_overlap,
 )
-from relay.moqt.range_filter import RangeFilter
+from relay.moqt.range_filter import ObjectFilter, override_filters
 from relay.session import (
     IncomingFetch,
     IncomingPublish,
@@ -31,6 +32,7 @@ from relay.session import (
     IncomingSubscribeNamespace,
     IncomingTrackStatus,
     MoqtSession,
+    RequestRejected,
     SessionHandler,
 )
 from relay.session.errors import SessionFailure
@@ -75,13 +77,6 @@ def _group_order(track: RelayTrack, *chosen: GroupOrder | None) -> GroupOrder:
 def _props(track: RelayTrack, params: Params) -> tuple[Any, ...]:
     """The Track's Properties as received upstream, unless INCLUDE_PROPERTIES is 0 (§12)."""
     return () if params.include_properties is False else tuple(track.properties)
-
-
-def _id_ranges(params: Params) -> list[tuple[int, int | None]] | None:
-    f: RangeFilter | None = params.range_filter(ParameterType.OBJECTID_FILTER)
-    if f is None or f.set_id is None:
-        return None
-    return [(r.start, r.end) for r in f.ranges]
 
 
 class RelayHandler(SessionHandler):
@@ -257,6 +252,16 @@ class RelayHandler(SessionHandler):
         a fill carrying the update's Request ID (§9.1)."""
         p: Params = msg.params
         largest = track.largest()
+        if p.range_filters or p.fill is not None:
+            # MAX_FILTER_RANGES counts the subscription's Ranges after the update, plus the
+            # fill's (§6.4, §6.5)
+            after = override_filters(fwd.range_filters, p.range_filters)
+            try:
+                check_filter_ranges(Params(range_filters=after, fill=p.fill),
+                                    self.relay.options.max_filter_ranges)
+            except RequestError as e:
+                raise RequestRejected(e.code, e.reason) from None
+            fwd.update_filters(p.range_filters)
         if p.forward is not None:
             fwd.forward = p.forward
         if p.subscriber_priority is not None:
@@ -268,7 +273,7 @@ class RelayHandler(SessionHandler):
         if p.fill is not None and largest is not None and served.forward:
             merged = Params(location_filter=p.location_filter or served.params.location_filter,
                             group_order=served.params.group_order, fill=p.fill,
-                            range_filters=served.params.range_filters)
+                            range_filters=fwd.range_filters)
             await self._serve_fill(track, served, merged, largest, msg.request_id)
         return Params(largest_object=largest)
 
@@ -288,7 +293,8 @@ class RelayHandler(SessionHandler):
         if rng is None or rng.is_empty or rng.end is None:
             return
         order = _group_order(track, fill.group_order, params.group_order)
-        merged = Params(range_filters=fill.range_filters or params.range_filters)
+        # the fill's own Range filters replace the subscription's of the same type (§6.4)
+        flt = ObjectFilter.of(override_filters(params.range_filters, fill.range_filters))
         timeout = fill.fill_timeout / 1000 if fill.fill_timeout is not None \
             else self.relay.options.default_fill_timeout
         try:
@@ -296,18 +302,17 @@ class RelayHandler(SessionHandler):
         except (TransportError, SessionFailure):
             return
         self._sess_of(served).spawn(
-            self._write_fill(track, writer, rng.start, rng.end, order, merged, timeout),
+            self._write_fill(track, writer, rng.start, rng.end, order, flt, timeout),
             "fill")
 
     async def _write_fill(self, track: RelayTrack, writer: Any, start: Location,
-                          end: Location, order: GroupOrder, merged: Params,
+                          end: Location, order: GroupOrder, flt: ObjectFilter | None,
                           timeout: float) -> None:
         lease = track.store.pin(track.key, start.group, end.group)
         started = asyncio.get_running_loop().time()
         self.relay.counters.inc("fills_active")
         try:
-            stats = await track.serve_range(writer, start, end, order,
-                                            _id_ranges(merged), timeout,
+            stats = await track.serve_range(writer, start, end, order, flt, timeout,
                                             self._fetch_upstream,
                                             self.relay.options.in_flight_wait)
             if not stats.reset:
@@ -379,7 +384,8 @@ class RelayHandler(SessionHandler):
         relay.counters.inc("fetches_active")
         try:
             stats = await track.serve_range(writer, rng.start, end, req.group_order,
-                                            _id_ranges(params), timeout, self._fetch_upstream,
+                                            ObjectFilter.of(params.range_filters), timeout,
+                                            self._fetch_upstream,
                                             relay.options.in_flight_wait)
             if not stats.reset:
                 await writer.finish()

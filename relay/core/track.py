@@ -21,6 +21,7 @@ from relay.moqt.codes import (
     StreamResetCode,
 )
 from relay.moqt.primitives import FullTrackName, Location, format_full_track_name
+from relay.moqt.range_filter import ObjectFilter
 from relay.session import (
     FetchWriter,
     RangeMarker,
@@ -298,10 +299,11 @@ class RelayTrack:
     # -- serving ranges from cache (fills and FETCH) ----------------------------------------------
 
     async def serve_range(self, writer: FetchWriter, start: Location, end: Location,
-                          order: GroupOrder, id_ranges: list[tuple[int, int | None]] | None,
+                          order: GroupOrder, flt: ObjectFilter | None,
                           budget: float, upstream_fetch: UpstreamFetch | None,
                           in_flight_wait: float = 1.0) -> ServeStats:
-        """Write every Object of [start, end] the cache holds or can obtain, in ``order``.
+        """Write every Object of [start, end] the cache holds or can obtain, in ``order``,
+        that passes the request's Range filters ``flt`` (§6.5).
 
         Unknown spans are waited for (Objects still in flight on the upstream subscription),
         then fetched upstream (``upstream_fetch``), within ``budget`` seconds (FILL_TIMEOUT);
@@ -311,6 +313,10 @@ class RelayTrack:
         stats = ServeStats()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
+        # Object IDs no Object can pass are not even walked (nor asked upstream); the other
+        # filters need the Object itself (its Subgroup, priority, Properties): an unknown
+        # span stays to be resolved, and what it brings is filtered like the rest.
+        id_ranges = flt.object_ids() if flt is not None else None
         last_group: int | None = None  # Group of the last element written
         attempted: set[tuple[Location, Location]] = set()
         groups = range(start.group, end.group + 1)
@@ -322,7 +328,7 @@ class RelayTrack:
             cursor = lo
             while cursor is not None and cursor <= hi:
                 span, cursor, last_group = await self._serve_group(
-                    writer, g, cursor, hi, id_ranges, stats, last_group)
+                    writer, g, cursor, hi, id_ranges, flt, stats, last_group)
                 if span is None:
                     break
                 key = (span.start, span.end)
@@ -349,7 +355,8 @@ class RelayTrack:
         return stats
 
     async def _serve_group(self, writer: FetchWriter, g: int, cursor: int, hi: int,
-                           id_ranges: list[tuple[int, int | None]] | None, stats: ServeStats,
+                           id_ranges: list[tuple[int, int | None]] | None,
+                           flt: ObjectFilter | None, stats: ServeStats,
                            last_group: int | None) -> tuple[Span | None, int | None, int | None]:
         """Write Group ``g`` from ``cursor`` to ``hi``; stop at the first unknown span."""
         with self.store.reader() as r:
@@ -365,8 +372,11 @@ class RelayTrack:
                     return sp, sp.start.object, last_group
                 if item.status != ObjectStatus.NORMAL:
                     continue
-                props = bytes(item.properties) if item.properties else None
                 sub = None if item.datagram else item.subgroup
+                if flt is not None and not flt.passes(sub, item.object_id, item.priority,
+                                                      item.properties):
+                    continue
+                props = bytes(item.properties) if item.properties else None
                 await writer.write_object(item.group, sub, item.object_id, item.priority,
                                           item.payload, properties=props)
                 stats.objects += 1

@@ -28,7 +28,7 @@ from relay.moqt.params import Params
 from relay.moqt.primitives import Location
 from relay.moqt.range_filter import ObjectFilter, RangeFilter, override_filters
 from relay.session import ServedSubscription, SubgroupWriter
-from relay.transport import TransportError
+from relay.transport import SendStream, TransportError
 from storage.interface import StoredObject
 
 from .scheduler import SessionScheduler
@@ -48,6 +48,11 @@ class _Down:
     first: bool = False  # the first Object we send is the Subgroup's first (FIRST_OBJECT)
     offered: int = 0
     failed: bool = False
+
+    @property
+    def send_stream(self) -> SendStream | None:
+        """The scheduler's lane: a stream blocked by flow control holds back only itself."""
+        return self.writer.stream if self.writer is not None else None
 
 
 class Forwarder:
@@ -134,7 +139,7 @@ class Forwarder:
             return
         key = (self.subscriber_priority, obj.priority, obj.group, obj.subgroup,
                obj.object_id)
-        self.scheduler.push(key, self._emit, (stream_key, obj, size))
+        self.scheduler.push(key, self._emit, (stream_key, obj, size), down, size)
 
     def stream_ended(self, stream_key: int, fin: bool) -> None:
         down = self._streams.get(stream_key)
@@ -145,7 +150,7 @@ class Forwarder:
         prio = h.publisher_priority if h.publisher_priority is not None else 128
         self.pending += 1
         self.scheduler.push((self.subscriber_priority, prio, h.group_id, sub, _END),
-                            self._emit, (stream_key, None, fin))
+                            self._emit, (stream_key, None, fin), down)
 
     def upstream_done(self, status: int, reason: str = "") -> None:
         """The Track's last upstream ended: PUBLISH_DONE once everything queued is sent."""

@@ -42,7 +42,7 @@ from storage.interface import Tier
 from .auth import Role, token_values
 from .forwarder import Forwarder
 from .namespaces import NamespaceListener, PublisherEntry
-from .scheduler import SessionScheduler
+from .scheduler import ScheduledWriter, SessionScheduler
 from .track import RelayTrack
 from .upstream import UNREACHABLE
 
@@ -235,7 +235,7 @@ class RelayHandler(SessionHandler):
         if fill_wanted:
             assert largest is not None
             try:
-                await self._serve_fill(track, served, params, largest)
+                await self._serve_fill(track, served, params, largest, fwd.subscriber_priority)
             finally:
                 fwd.release()
         if not track.live:
@@ -274,7 +274,8 @@ class RelayHandler(SessionHandler):
             merged = Params(location_filter=p.location_filter or served.params.location_filter,
                             group_order=served.params.group_order, fill=p.fill,
                             range_filters=fwd.range_filters)
-            await self._serve_fill(track, served, merged, largest, msg.request_id)
+            await self._serve_fill(track, served, merged, largest, fwd.subscriber_priority,
+                                   msg.request_id)
         return Params(largest_object=largest)
 
     @staticmethod
@@ -282,8 +283,11 @@ class RelayHandler(SessionHandler):
         return served.session  # type: ignore[no-any-return]
 
     async def _serve_fill(self, track: RelayTrack, served: Any, params: Params,
-                          largest: Location, request_id: int | None = None) -> None:
-        """Open the fill fetch stream now; walk and write it in a task of the session."""
+                          largest: Location, priority: int, request_id: int | None = None
+                          ) -> None:
+        """Open the fill fetch stream now; walk and write it in a task of the session, in
+        the session's priority order (the fill's Subscriber Priority, else the
+        subscription's, §9.4)."""
         fill = params.fill
         assert fill is not None
         lf = fill.location_filter if fill.location_filter is not None else params.location_filter
@@ -298,10 +302,14 @@ class RelayHandler(SessionHandler):
         timeout = fill.fill_timeout / 1000 if fill.fill_timeout is not None \
             else self.relay.options.default_fill_timeout
         try:
-            writer = await served.open_fill(request_id, group_order=order)
+            stream = await served.open_fill(request_id, group_order=order)
         except (TransportError, SessionFailure):
             return
-        self._sess_of(served).spawn(
+        session = self._sess_of(served)
+        writer = ScheduledWriter(stream, self.scheduler(session),
+                                 fill.subscriber_priority if fill.subscriber_priority is not None
+                                 else priority)
+        session.spawn(
             self._write_fill(track, writer, rng.start, rng.end, order, flt, timeout),
             "fill")
 
@@ -379,7 +387,10 @@ class RelayHandler(SessionHandler):
         end_of_track = final is not None and Location(final.group, final.object) <= end and \
             end >= largest
         started = asyncio.get_running_loop().time()
-        writer = await req.accept(end_of_track, end, _props(track, params))
+        writer = ScheduledWriter(await req.accept(end_of_track, end, _props(track, params)),
+                                 self.scheduler(self._sess(req)),
+                                 params.subscriber_priority
+                                 if params.subscriber_priority is not None else 128)
         lease = track.store.pin(track.key, rng.start.group, end.group)
         relay.counters.inc("fetches_active")
         try:

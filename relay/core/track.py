@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relay.moqt.codes import (
     EndOfRangeType,
@@ -23,7 +23,6 @@ from relay.moqt.codes import (
 from relay.moqt.primitives import FullTrackName, Location, format_full_track_name
 from relay.moqt.range_filter import ObjectFilter
 from relay.session import (
-    FetchWriter,
     RangeMarker,
     ReceivedObject,
     RequestCancelled,
@@ -62,6 +61,20 @@ UpstreamFetch = Callable[["RelayTrack", Location, Location], Awaitable[bool]]
 
 
 Spans = list[tuple[Location, Location]]
+
+
+class RangeWriter(Protocol):
+    """A fetch or fill fetch stream as ``serve_range`` writes it (``FetchWriter``, or one
+    scheduled among the session's other writes)."""
+
+    async def write_object(self, group: int, subgroup: int | None, object_id: int,
+                           priority: int, payload: Any, *, properties: bytes | None = None
+                           ) -> None: ...
+
+    async def write_marker(self, kind: EndOfRangeType, end_group: int, end_object: int
+                           ) -> None: ...
+
+    def reset(self, code: int) -> None: ...
 
 
 def _after(loc: Location) -> Location:
@@ -298,7 +311,7 @@ class RelayTrack:
 
     # -- serving ranges from cache (fills and FETCH) ----------------------------------------------
 
-    async def serve_range(self, writer: FetchWriter, start: Location, end: Location,
+    async def serve_range(self, writer: RangeWriter, start: Location, end: Location,
                           order: GroupOrder, flt: ObjectFilter | None,
                           budget: float, upstream_fetch: UpstreamFetch | None,
                           in_flight_wait: float = 1.0) -> ServeStats:
@@ -354,7 +367,7 @@ class RelayTrack:
                 cursor = nxt if span.end.object < OBJECT_MAX else None
         return stats
 
-    async def _serve_group(self, writer: FetchWriter, g: int, cursor: int, hi: int,
+    async def _serve_group(self, writer: RangeWriter, g: int, cursor: int, hi: int,
                            id_ranges: list[tuple[int, int | None]] | None,
                            flt: ObjectFilter | None, stats: ServeStats,
                            last_group: int | None) -> tuple[Span | None, int | None, int | None]:
@@ -458,4 +471,4 @@ class RelayTrack:
         self._bump()
 
 
-__all__ = ["MarkerSpans", "RelayTrack", "ServeStats", "UpstreamFetch"]
+__all__ = ["MarkerSpans", "RangeWriter", "RelayTrack", "ServeStats", "UpstreamFetch"]

@@ -17,6 +17,7 @@ from relay.moqt.codes import (
     EndOfRangeType,
     GroupOrder,
     ObjectStatus,
+    PropertyType,
     PublishDoneCode,
     StreamResetCode,
 )
@@ -179,6 +180,20 @@ class RelayTrack:
         loc = Location(cached.group, cached.object)
         return loc if up is None or loc > up else up
 
+    def set_properties(self, properties: Sequence[Any]) -> None:
+        """The Track Properties as received (§12: the most recent set replaces the cached
+        one); MAX_CACHE_DURATION among them bounds how long the cache may serve Objects."""
+        self.properties = tuple(properties)
+        self.store.memory.set_cache_duration(self.key, self.cache_duration)
+
+    @property
+    def cache_duration(self) -> float | None:
+        """MAX_CACHE_DURATION in seconds (§12), None when the publisher set none."""
+        for p in self.properties:
+            if p.type == PropertyType.MAX_CACHE_DURATION and isinstance(p.value, int):
+                return p.value / 1000
+        return None
+
     def note_largest(self, loc: Location | None) -> None:
         if loc is not None and (self.upstream_largest is None or loc > self.upstream_largest):
             self.upstream_largest = loc
@@ -204,7 +219,7 @@ class RelayTrack:
         self.note_largest(sub.largest)
         if sub.track_properties:
             # the most recent set replaces the cached one (§12); forwarded unchanged
-            self.properties = sub.track_properties
+            self.set_properties(sub.track_properties)
 
     async def ingest(self, sub: Subscription) -> None:
         """Cache and fan out everything the upstream subscription delivers."""

@@ -320,7 +320,7 @@ class LmdbStore:
     # -- internals -------------------------------------------------------------------------
 
     def _expired(self, txn: lmdb.Transaction, tid_key: bytes, meta: _Meta, now: float) -> bool:
-        if self.max_age is not None and now - meta.created > self.max_age:
+        if self.max_age is not None and now - meta.created >= self.max_age:
             return True
         raw = txn.get(tid_key, db=self._expiry)
         return raw is not None and now >= _TIME.unpack(raw)[0]

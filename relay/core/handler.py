@@ -9,7 +9,7 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from relay.moqt.codes import GroupOrder, LocationFilterType, RequestErrorCode
+from relay.moqt.codes import GroupOrder, LocationFilterType, ObjectStatus, RequestErrorCode
 from relay.moqt.errors import RequestError
 from relay.moqt.location_filter import (
     LocationFilter,
@@ -37,7 +37,7 @@ from relay.session import (
 )
 from relay.session.errors import SessionFailure
 from relay.transport import TransportError
-from storage.interface import Tier
+from storage.interface import OBJECT_MAX, Tier
 
 from .auth import Role, token_values
 from .forwarder import Forwarder
@@ -235,7 +235,11 @@ class RelayHandler(SessionHandler):
         if fill_wanted:
             assert largest is not None
             try:
-                await self._serve_fill(track, served, params, largest, fwd.subscriber_priority)
+                fill_end = await self._serve_fill(track, served, params, largest,
+                                                  fwd.subscriber_priority)
+                if fill_end == largest and fwd.start == Location(largest.group,
+                                                                 largest.object + 1):
+                    self._group_end_after_fill(track, fwd, largest)
             finally:
                 fwd.release()
         if not track.live:
@@ -282,12 +286,21 @@ class RelayHandler(SessionHandler):
     def _sess_of(served: Any) -> MoqtSession:
         return served.session  # type: ignore[no-any-return]
 
+    @staticmethod
+    def _group_end_after_fill(track: RelayTrack, fwd: Forwarder, largest: Location) -> None:
+        """L is an End of Group the fill covered and the live part starts right after:
+        say on the live path that the Group is over (see Forwarder.announce_group_end)."""
+        with track.store.reader() as r:
+            eog = next((o for _, o in r.read(track.key, largest, largest)), None)
+        if eog is not None and eog.status == ObjectStatus.END_OF_GROUP and not eog.datagram:
+            fwd.announce_group_end(eog.group, eog.subgroup, eog.priority)
+
     async def _serve_fill(self, track: RelayTrack, served: Any, params: Params,
                           largest: Location, priority: int, request_id: int | None = None
-                          ) -> None:
+                          ) -> Location | None:
         """Open the fill fetch stream now; walk and write it in a task of the session, in
         the session's priority order (the fill's Subscriber Priority, else the
-        subscription's, §9.4)."""
+        subscription's, §9.4). Returns the fill's end, None if no fill stream was opened."""
         fill = params.fill
         assert fill is not None
         lf = fill.location_filter if fill.location_filter is not None else params.location_filter
@@ -295,7 +308,7 @@ class RelayHandler(SessionHandler):
             lf = None
         rng = resolve_fetch_range(lf, largest)
         if rng is None or rng.is_empty or rng.end is None:
-            return
+            return None
         order = _group_order(track, fill.group_order, params.group_order)
         # the fill's own Range filters replace the subscription's of the same type (§6.4)
         flt = ObjectFilter.of(override_filters(params.range_filters, fill.range_filters))
@@ -304,7 +317,7 @@ class RelayHandler(SessionHandler):
         try:
             stream = await served.open_fill(request_id, group_order=order)
         except (TransportError, SessionFailure):
-            return
+            return None
         session = self._sess_of(served)
         writer = ScheduledWriter(stream, self.scheduler(session),
                                  fill.subscriber_priority if fill.subscriber_priority is not None
@@ -312,6 +325,7 @@ class RelayHandler(SessionHandler):
         session.spawn(
             self._write_fill(track, writer, rng.start, rng.end, order, flt, timeout),
             "fill")
+        return rng.end
 
     async def _write_fill(self, track: RelayTrack, writer: Any, start: Location,
                           end: Location, order: GroupOrder, flt: ObjectFilter | None,
@@ -379,10 +393,7 @@ class RelayHandler(SessionHandler):
         end = rng.end
         if lf is not None and lf.type == LocationFilterType.ABSOLUTE_START_GROUP_END and \
                 end.group == lf.end_group:
-            g_end = track.store.group_end(track.key, end.group)
-            if g_end is not None:
-                # the last Location known in the Group (§7.10), never below the start
-                end = max(Location(end.group, min(end.object, g_end)), rng.start)
+            end = await self._group_end_location(track, rng.start, end, timeout)
         final = track.store.known_final(track.key)
         end_of_track = final is not None and Location(final.group, final.object) <= end and \
             end >= largest
@@ -408,6 +419,30 @@ class RelayHandler(SessionHandler):
         finally:
             relay.counters.inc("fetches_active", -1)
             lease.release()
+
+    async def _group_end_location(self, track: RelayTrack, start: Location, end: Location,
+                                  timeout: float) -> Location:
+        """End Location of a FETCH for "all of Group G" (§7.10): the last Location known
+        in G — its End of Group, else the last Object held of it — never {G, 2^64-1},
+        which is no Object's Location (a lower relay would take it for the Largest
+        Object; moq-rs refuses it). Knowing nothing of G, ask upstream first (within the
+        FETCH's FILL_TIMEOUT); still nothing: the whole Group, reported unknown."""
+        g = end.group
+        for attempt in range(2):
+            g_end = track.store.group_end(track.key, g)
+            if g_end is not None:
+                return max(Location(g, min(end.object, g_end)), start)
+            if end.object != OBJECT_MAX:
+                return end  # clipped to the Largest Object, inside G
+            last = track.last_held(g)
+            if last is not None and last >= start:
+                return last
+            if attempt == 0:
+                try:
+                    await asyncio.wait_for(self._fetch_upstream(track, start, end), timeout)
+                except TimeoutError:
+                    break
+        return end
 
     @staticmethod
     def _requested_bounds(lf: LocationFilter | None) -> tuple[Location, Location]:

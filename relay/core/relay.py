@@ -463,7 +463,11 @@ class Relay:
                                        Params(location_filter=lf,
                                               group_order=GroupOrder.ASCENDING))
                 self.counters.inc("upstream_fetches")
-                track.note_largest(resp.end_location)
+                if resp.end_location is not None and resp.end_location.object != OBJECT_MAX:
+                    # End Location is at most the responder's Largest Object (§7.10) —
+                    # unless it is {G, 2^64-1}, "all of Group G" (a convention some peers
+                    # still answer with): no Object is there, so it says nothing of L
+                    track.note_largest(resp.end_location)
                 spans = MarkerSpans(start)
                 async for ev in resp:
                     if isinstance(ev, ReceivedObject):

@@ -225,6 +225,7 @@ class RelayTrack:
         """Cache and fan out everything the upstream subscription delivers."""
         self.attach_upstream(sub)
         seen_streams: set[int] = set()
+        last: dict[int, ReceivedObject] = {}  # per subgroup stream, its last Object so far
         fills: dict[int, MarkerSpans] = {}  # per fill stream (our fill starts at {0,0})
         status: int | None = None
         reason = ""
@@ -232,6 +233,8 @@ class RelayTrack:
             async for ev in sub:
                 if isinstance(ev, ReceivedObject):
                     self._on_object(ev, seen_streams)
+                    if ev.stream.source is Source.SUBGROUP:
+                        last[ev.stream.stream_id] = ev
                     if ev.stream.source is Source.FILL:
                         fills.setdefault(ev.stream.stream_id,
                                          MarkerSpans(Location(0, 0))).element(ev.location)
@@ -244,6 +247,11 @@ class RelayTrack:
                         # our own fill request is {0,0}..L with no Range filters
                         self.mark_absent(Location(0, 0), sub.largest, unknown)
                     if ev.stream.source is Source.SUBGROUP:
+                        final = last.pop(sid, None)
+                        header = ev.stream.header
+                        if ev.fin and final is not None and header is not None and \
+                                header.end_of_group:
+                            self._group_ends_after(final)
                         for f in list(self.forwarders):
                             f.stream_ended(sid, ev.fin)
                     self.maybe_commit()
@@ -288,6 +296,27 @@ class RelayTrack:
         self._bump()
         if ev.status != ObjectStatus.NORMAL:
             self.maybe_commit()
+
+    def _group_ends_after(self, final: ReceivedObject) -> None:
+        """A subgroup stream with END_OF_GROUP ended with FIN after ``final``: no larger
+        Object ID exists in its Group (§11.2). Cached as the End of Group Object it is
+        equivalent to (§14.1), so FETCH_OK can say where the Group ends and the Track can
+        be committed, from publishers that end Groups this way rather than with a status
+        Object (moq-rs). Only cached: live subscribers got the same FIN and flag."""
+        if final.status != ObjectStatus.NORMAL or final.object_id >= OBJECT_MAX:
+            return  # ended by its own status Object (or no room after it)
+        g, end = final.group, final.object_id + 1
+        final_loc = self.store.known_final(self.key)
+        if self.store.group_end(self.key, g) is not None or \
+                (final_loc is not None and Location(g, end) >= final_loc):
+            return
+        try:
+            self.store.append(self.key, StoredObject(g, final.subgroup, end, final.priority,
+                                                     int(ObjectStatus.END_OF_GROUP)))
+        except ConflictError as e:  # a larger Object of the Group is cached: §14.2
+            log.warning("%r is malformed: %s", self, e)
+            self.malformed = True
+        self._bump()
 
     def maybe_commit(self) -> None:
         """Once End of Track is known, try to persist after every Group-level event: the End
@@ -475,6 +504,15 @@ class RelayTrack:
                         if a_end.group == start.group else span.end
                     progressed = True
         return Span(span.kind, start, span.end) if start != span.start else span
+
+    def last_held(self, group: int) -> Location | None:
+        """The largest Location of ``group`` the cache holds an Object for."""
+        last = None
+        with self.store.reader() as r:
+            for _, obj in r.read(self.key, StoreLocation(group, 0),
+                                 StoreLocation(group, OBJECT_MAX)):
+                last = obj.location
+        return Location(*last) if last is not None else None
 
     def append_fetched(self, obj: StoredObject) -> None:
         """An Object learned from an upstream FETCH (cached like any other, §14.6 step 5)."""

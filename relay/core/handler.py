@@ -366,6 +366,9 @@ class RelayHandler(SessionHandler):
         largest = track.largest()
         timeout = params.fill_timeout / 1000 if params.fill_timeout is not None \
             else relay.options.default_fill_timeout
+        # FILL_TIMEOUT bounds all the upstream effort of this FETCH, before FETCH_OK and after
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         unanswered = False
         if largest is None:
             # Nothing cached: learn the Track from upstream (pull-through), within the
@@ -393,7 +396,8 @@ class RelayHandler(SessionHandler):
         end = rng.end
         if lf is not None and lf.type == LocationFilterType.ABSOLUTE_START_GROUP_END and \
                 end.group == lf.end_group:
-            end = await self._group_end_location(track, rng.start, end, timeout)
+            end = await self._group_end_location(track, rng.start, end,
+                                                 max(0.0, deadline - loop.time()))
         final = track.store.known_final(track.key)
         end_of_track = final is not None and Location(final.group, final.object) <= end and \
             end >= largest
@@ -406,7 +410,8 @@ class RelayHandler(SessionHandler):
         relay.counters.inc("fetches_active")
         try:
             stats = await track.serve_range(writer, rng.start, end, req.group_order,
-                                            ObjectFilter.of(params.range_filters), timeout,
+                                            ObjectFilter.of(params.range_filters),
+                                            max(0.0, deadline - loop.time()),
                                             self._fetch_upstream,
                                             relay.options.in_flight_wait)
             if not stats.reset:

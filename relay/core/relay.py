@@ -121,6 +121,7 @@ class Relay:
         self._clock = clock  # the stores' clock: expiry times are in its terms
         self._expiry_at: float | None = None
         self._expiry_timer: asyncio.TimerHandle | None = None
+        self._expiry_task: asyncio.Future[None] | None = None
         durable = store.durable
         if durable is not None:
             for ns, _ in durable.tracks():
@@ -244,6 +245,8 @@ class Relay:
             first = self.store.memory.first_received(track.key)
             if duration is not None and first is not None:
                 expires_at = first + duration
+                if expires_at <= self._clock():
+                    return  # already too old to be served: not worth a write
             try:
                 n = await asyncio.to_thread(durable.commit_track, track.key, groups,
                                             properties=encode_kvps(track.properties),
@@ -292,9 +295,16 @@ class Relay:
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
         self._expiry_at = at
-        delay = max(0.0, at - self._clock())
-        self._expiry_timer = loop.call_later(
-            delay, lambda: asyncio.ensure_future(self.expire()))
+        self._expiry_timer = loop.call_later(max(0.0, at - self._clock()), self._expiry_due)
+
+    def _expiry_due(self) -> None:
+        self._expiry_task = asyncio.ensure_future(self._expire_logged())
+
+    async def _expire_logged(self) -> None:
+        try:
+            await self.expire()
+        except Exception as e:  # e.g. LMDB closed under it at shutdown; retried next time
+            log.warning("LMDB expiry failed: %s", e)
 
     async def expire(self) -> int:
         """Purge the LMDB Tracks whose time is up; their namespaces, if LMDB held nothing
@@ -579,6 +589,9 @@ class Relay:
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
             self._expiry_timer = None
+        if self._expiry_task is not None and not self._expiry_task.done():
+            # let a purge in its thread finish before the store closes under it
+            await asyncio.wait({self._expiry_task}, timeout=5.0)
         for s in list(self.sessions):
             s.close(SessionErrorCode.NO_ERROR, "relay shutting down")
         if self.upstream is not None:

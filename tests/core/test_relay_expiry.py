@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from fake_clock import Clock
 from relay_helpers import (
     TIMEOUT,
     client,
@@ -26,16 +27,6 @@ from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.session import NamespaceEvent, RangeMarker, ReceivedObject, RequestRejected
-
-
-class Clock:
-    """The relay's store clock, moved by the test (no waiting for time to pass)."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _duration(ms: int) -> tuple[KeyValuePair, ...]:

@@ -13,6 +13,7 @@ import pytest
 from relay_helpers import (
     TIMEOUT,
     PushedTrack,
+    Received,
     client,
     drain,
     make_ns,
@@ -27,7 +28,8 @@ from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.range_filter import Range, RangeFilter
-from relay.session import RequestRejected
+from relay.service import RunningRelay
+from relay.session import MoqtSession, RequestRejected
 
 P = ParameterType
 PROP = 0x3800  # an application Property type (§12): its value is Object ID mod 3
@@ -70,6 +72,22 @@ CASES = {
 }
 
 
+async def _fill_and_live(r: RunningRelay, name: FullTrackName, params: Params
+                         ) -> tuple[MoqtSession, PushedTrack, Received]:
+    """Group 0 cached, then a SUBSCRIBE with ``params`` (its fill serves Group 0 from
+    cache), then Group 1 forwarded live and the Track's end; what the subscriber got."""
+    pub = await client(r)
+    t = await push_track(pub, name, layers=2)
+    await _group(t, 0)
+    await wait_cached(r, name, Location(0, OBJECTS))
+    c = await client(r)
+    sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, params), TIMEOUT)
+    await _group(t, 1)
+    await t.end()
+    async with asyncio.timeout(TIMEOUT):
+        return c, t, await drain(sub)
+
+
 def _expected(t: PushedTrack, groups: range, ids: list[int]) -> dict[Location, bytes]:
     return {Location(g, i): t.sent[Location(g, i)] for g in groups for i in ids}
 
@@ -80,21 +98,11 @@ async def test_range_filters_on_fetch_fill_and_live(tmp_path: Path, case: str) -
     r = await relay_at(tmp_path)
     name = FullTrackName(make_ns(), b"k.raw.s0")
     try:
-        pub = await client(r)
-        t = await push_track(pub, name, layers=2)
-        await _group(t, 0)
-        await wait_cached(r, name, Location(0, OBJECTS))
-        c = await client(r)
-        # the subscription's filters apply to its fill (Group 0, from cache) and to the live
-        # part (Group 1, forwarded as it arrives)
-        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+        # the subscription's filters apply to its fill and to the live part
+        c, t, got = await _fill_and_live(r, name, Params(
             location_filter=LocationFilter.next_object(),
             fill=Params(location_filter=LocationFilter.absolute_start(0, 0)),
-            range_filters=filters)), TIMEOUT)
-        await _group(t, 1)
-        await t.end()
-        async with asyncio.timeout(TIMEOUT):
-            got = await drain(sub)
+            range_filters=filters))
         assert got.objects == _expected(t, range(2), ids)
         assert got.duplicates == []
 
@@ -113,21 +121,12 @@ async def test_fill_filters_replace_the_subscriptions_per_type(tmp_path: Path) -
     r = await relay_at(tmp_path)
     name = FullTrackName(make_ns(), b"k.raw.s0")
     try:
-        pub = await client(r)
-        t = await push_track(pub, name, layers=2)
-        await _group(t, 0)
-        await wait_cached(r, name, Location(0, OBJECTS))
-        c = await client(r)
-        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+        _, t, got = await _fill_and_live(r, name, Params(
             location_filter=LocationFilter.next_object(),
             fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
                         range_filters=(_f(P.SUBGROUP_FILTER, 0, (0, 0)),)),
             range_filters=(_f(P.SUBGROUP_FILTER, 0, (5, 5)),
-                           _f(P.OBJECTID_FILTER, 0, (0, 3))))), TIMEOUT)
-        await _group(t, 1)
-        await t.end()
-        async with asyncio.timeout(TIMEOUT):
-            got = await drain(sub)
+                           _f(P.OBJECTID_FILTER, 0, (0, 3)))))
         assert got.objects == {**_expected(t, range(0, 1), [0, 2]),
                                **_expected(t, range(1, 2), [1, 3])}
     finally:

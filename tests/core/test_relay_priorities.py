@@ -25,7 +25,7 @@ from relay.moqt.codes import ObjectStatus
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
-from relay.session import ReceivedObject, SessionConfig, Subscription
+from relay.session import FetchResponse, ReceivedObject, SessionConfig, Subscription
 from relay.transport import QuicSettings
 
 GROUPS = 8
@@ -37,6 +37,23 @@ async def _push(track: PushedTrack, priority: int, groups: int) -> None:
         for i, p in enumerate(group_payloads(g, 8, size=32 * 1024)):
             await w.write_object(i, p)
         await w.write_status(8, ObjectStatus.END_OF_GROUP, fin=True)
+
+
+async def _arrival_order(streams: dict[str, Subscription | FetchResponse]) -> list[str]:
+    """Read every ``GROUPS`` x 8 Objects of each (tag: subscription or FETCH) concurrently;
+    the tags in the order the Objects arrived."""
+    order: list[str] = []
+
+    async def read(s: Subscription | FetchResponse, tag: str) -> None:
+        async for ev in s:
+            if isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
+                order.append(tag)
+                if order.count(tag) == GROUPS * 8:
+                    return
+
+    async with asyncio.timeout(TIMEOUT):
+        await asyncio.gather(*(read(s, tag) for tag, s in streams.items()))
+    return order
 
 
 @pytest.mark.parametrize("which", ["publisher", "subscriber"])
@@ -73,17 +90,7 @@ async def test_more_important_objects_overtake_under_contention(tmp_path: Path,
         await wait_cached(r, low, Location(GROUPS - 1, 8))
         await wait_cached(r, high, Location(GROUPS - 1, 8))
 
-        order: list[str] = []
-
-        async def read(s: Subscription, tag: str) -> None:
-            async for ev in s:
-                if isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
-                    order.append(tag)
-                    if order.count(tag) == GROUPS * 8:
-                        return
-
-        async with asyncio.timeout(TIMEOUT):
-            await asyncio.gather(read(s_low, "low"), read(s_high, "high"))
+        order = await _arrival_order({"low": s_low, "high": s_high})
         last_high = max(i for i, t in enumerate(order) if t == "high")
         last_low = max(i for i, t in enumerate(order) if t == "low")
         # FIFO would finish "high" last; priority scheduling finishes it well before "low"
@@ -128,18 +135,7 @@ async def test_fills_and_fetches_take_their_turn_by_priority(tmp_path: Path,
         async with asyncio.timeout(TIMEOUT):
             while r.relay.counters.get(active) < 2:
                 await asyncio.sleep(0)
-
-        order: list[str] = []
-
-        async def read(resp: Any, tag: str) -> None:
-            async for ev in resp:
-                if isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
-                    order.append(tag)
-                    if order.count(tag) == GROUPS * 8:
-                        return
-
-        async with asyncio.timeout(TIMEOUT):
-            await asyncio.gather(read(resp_late, "late"), read(resp_early, "early"))
+        order = await _arrival_order({"late": resp_late, "early": resp_early})
         last_early = max(i for i, t in enumerate(order) if t == "early")
         tail = order[last_early + 1:]
         # only what was already in flight precedes the last of the earlier layers

@@ -63,6 +63,17 @@ def moq_client(r: RunningRelay) -> Any:
                        reconnect=False)
 
 
+async def moq_track(mpub: Any, msub: Any, path: str) -> tuple[Any, Any, Any]:
+    """A moq-rs publisher's broadcast ``path`` with Track ``t0`` announced through the relay,
+    and a moq-rs subscription to it: (broadcast, its track producer, the track consumer)."""
+    bcast = mpub.create_broadcast(path)
+    track = bcast.publish_track("t0")
+    bcast.announce()
+    consumer = await asyncio.wait_for(msub.announced_broadcast(path), TIMEOUT)
+    tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+    return bcast, track, tc
+
+
 async def moq_groups(tc: Any) -> tuple[dict[int, list[bytes]], list[int]]:
     """Read a moq-rs TrackConsumer to its end: frames per group, and groups delivered twice."""
     groups: dict[int, list[bytes]] = {}
@@ -142,11 +153,7 @@ async def test_moqrs_frame_timestamps_survive_the_relay(tmp_path: Path) -> None:
     r = await relay_at(tmp_path)
     try:
         async with moq_client(r) as mpub, moq_client(r) as msub:
-            bcast = mpub.create_broadcast("iop/ts")
-            track = bcast.publish_track("t0")
-            bcast.announce()
-            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/ts"), TIMEOUT)
-            tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            _bcast, track, tc = await moq_track(mpub, msub, "iop/ts")  # kept alive
             sent = {0: [(b"a", 1234), (b"b", 5678)], 1: [(b"c", 99)]}
             for g in sorted(sent):
                 grp = track.append_group()
@@ -239,11 +246,7 @@ async def test_moqrs_fetches_groups_a_moqrs_publisher_pushed(tmp_path: Path) -> 
     r = await relay_at(tmp_path)
     try:
         async with moq_client(r) as mpub, moq_client(r) as msub:
-            bcast = mpub.create_broadcast("iop/pushed")
-            track = bcast.publish_track("t0")
-            bcast.announce()
-            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/pushed"), TIMEOUT)
-            await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            _bcast, track, _tc = await moq_track(mpub, msub, "iop/pushed")  # kept alive
             for g in sorted(sent):
                 grp = track.append_group()
                 for p in sent[g]:

@@ -18,16 +18,6 @@ from storage.interface import (
 )
 
 
-class Clock:
-    """An injected store clock: time moves when a test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def track_key(i: int, ns: bytes = b"kvcs") -> TrackKey:
     return (ns, b"seg"), f"track-{i}".encode()
 

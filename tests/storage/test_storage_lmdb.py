@@ -6,7 +6,8 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from storage_helpers import Clock, describe, flat, full_track, track_key
+from fake_clock import Clock
+from storage_helpers import describe, flat, full_track, track_key
 
 from storage.interface import (
     IncompleteTrackError,

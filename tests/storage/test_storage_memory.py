@@ -6,7 +6,8 @@ import gc
 import tracemalloc
 
 import pytest
-from storage_helpers import Clock, flat, full_track, track_key
+from fake_clock import Clock
+from storage_helpers import flat, full_track, track_key
 
 from storage.interface import (
     OBJECT_MAX,

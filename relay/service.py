@@ -14,6 +14,8 @@ import logging
 import os
 import signal
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +75,9 @@ class RelayConfig:
     # One worker of `kvcs relay --workers N` (relay/workers.py, docs/workers.md): share the
     # UDP port (SO_REUSEPORT), serve siblings on a loopback listener, link to theirs.
     worker: WorkerRole | None = None
+    # Wall clock of both tiers and of expiry (lmdb_max_age, MAX_CACHE_DURATION); tests
+    # inject one to age the cache without waiting.
+    clock: Callable[[], float] = time.time
 
 
 @dataclass(frozen=True)
@@ -189,8 +194,10 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
         paths = ensure_self_signed(data / "tls")
         certfile, keyfile, fp = paths.certfile, paths.keyfile, paths.fingerprint
     durable = LmdbStore(os.fspath(data / "lmdb"), config.lmdb_bytes,
-                        max_age=config.lmdb_max_age, quotas=config.scope_quotas)
-    store = TieredStore(MemoryStore(config.memory_bytes, config.scope_quotas), durable)
+                        max_age=config.lmdb_max_age, quotas=config.scope_quotas,
+                        clock=config.clock)
+    store = TieredStore(MemoryStore(config.memory_bytes, config.scope_quotas,
+                                    clock=config.clock), durable)
     # Small send buffers: Objects waiting for a slow subscriber wait in the relay's
     # scheduler (in priority order, counted against its backlog bound), not in QUIC's queue.
     settings = QuicSettings(max_datagram_size=config.max_datagram_size,
@@ -214,7 +221,8 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
                                          keepalive_interval=config.upstream_idle_timeout / 3),
             ca_file=config.upstream_ca, insecure=config.upstream_insecure,
             dial_timeout=config.upstream_idle_timeout)
-    relay = Relay(store, options=config.options, authorizer=authorizer, upstream=upstream)
+    relay = Relay(store, options=config.options, authorizer=authorizer, upstream=upstream,
+                  clock=config.clock)
     try:
         fd = config.worker.fd if config.worker is not None else None
         server = await serve(config.listen_host, config.listen_port, certfile, keyfile,

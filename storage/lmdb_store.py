@@ -12,6 +12,7 @@ Layout (named databases in one environment):
     names   sha256(Full Track Name)        -> track id (u64 BE)
     tracks  track id                       -> meta (bytes, use seq, created, last used,
                                               End of Track, Group count) + Full Track Name
+    expiry  track id                       -> f64 time it expires (only tracks that do)
     groups  track id | Group ID (u64 BE)   -> Group value (storage.blob: index + data)
     lru     use seq | track id             -> ""   (eviction order, oldest first)
     (main)  b"next_id", b"seq", b"bytes"   -> u64 counters
@@ -27,10 +28,12 @@ across awaits (py-lmdb uses MDB_NOTLS) but pins old pages while open, so keep it
 
 Capacity: `capacity` bytes of Group values; committing evicts least-recently-used tracks first
 (use order is in the `lru` table, so it survives restart; reads are batched in memory and
-written with the next write or `flush_usage()`). Tracks older than `max_age` are invisible to
-reads and purged on the next write. The memory map starts at `initial_map_size` and doubles up
-to `map_limit` (only while no read session is open: remapping would invalidate their views);
-when LMDB or the disk is full a `StorageFullError` is raised and nothing is written.
+written with the next write or `flush_usage()`). Tracks older than `max_age`, and tracks past
+the expiry time committed with them (the MOQT MAX_CACHE_DURATION of their Objects), are
+invisible to reads and purged on the next write or `expire()`. The memory map starts at
+`initial_map_size` and doubles up to `map_limit` (only while no read session is open:
+remapping would invalidate their views); when LMDB or the disk is full a `StorageFullError` is
+raised and nothing is written.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from storage.quota import LMDB, ScopeBooks, ScopeQuotas
 from storage.walk import read_objects, walk_range
 
 _META = struct.Struct("<QQddQQQ")  # bytes, use seq, created, last used, eot group/object, groups
+_TIME = struct.Struct("<d")
 _MiB = 1 << 20
 
 
@@ -148,6 +152,7 @@ class LmdbStore:
         self._lru = self._env.open_db(b"lru")
         # Track Properties (opaque bytes, as the relay received them) by track id
         self._props = self._env.open_db(b"props")
+        self._expiry = self._env.open_db(b"expiry")
         self._readers = 0
         self._touched: dict[int, float] = {}
         with self._env.begin() as txn:
@@ -161,8 +166,10 @@ class LmdbStore:
     # -- writing ---------------------------------------------------------------------------
 
     def commit_track(self, track: TrackKey, groups: Sequence[Sequence[StoredObject]], *,
-                     created: float | None = None, properties: bytes = b"") -> int:
+                     created: float | None = None, properties: bytes = b"",
+                     expires_at: float | None = None) -> int:
         """Write a whole track in one transaction; returns bytes written (0 if already held).
+        ``expires_at`` (clock time): from then on the track is invisible and purged.
 
         Raises `IncompleteTrackError` (never written), `StorageFullError` (nothing written).
         """
@@ -203,6 +210,8 @@ class LmdbStore:
                     txn.put(nkey, _u64(tid), db=self._names)
                     if properties:
                         txn.put(_u64(tid), bytes(properties), db=self._props)
+                    if expires_at is not None:
+                        txn.put(_u64(tid), _TIME.pack(expires_at), db=self._expiry)
                     txn.put(_u64(meta.seq) + _u64(tid), b"", db=self._lru)
                     self._next_id = tid + 1
                     self._bytes += size
@@ -229,12 +238,20 @@ class LmdbStore:
         return raw is not None
 
     def expire(self) -> int:
-        """Purge tracks older than `max_age` now; returns how many were removed."""
-        if self.max_age is None:
-            return 0
+        """Purge expired tracks now; returns how many were removed."""
         with self._writing() as txn:
             removed = self._purge_expired(txn, self._clock())
         return removed
+
+    def next_expiry(self) -> float | None:
+        """The clock time at which the next held track expires (None: none will)."""
+        times: list[float] = []
+        with self._env.begin() as txn:
+            if self.max_age is not None:
+                times += [_Meta(raw).created + self.max_age
+                          for _, raw in txn.cursor(db=self._tracks)]
+            times += [_TIME.unpack(raw)[0] for _, raw in txn.cursor(db=self._expiry)]
+        return min(times) if times else None
 
     def flush_usage(self) -> None:
         """Persist the use order recorded by reads since the last write."""
@@ -283,7 +300,7 @@ class LmdbStore:
                 raw = txn.get(key[8:], db=self._tracks)
                 if raw is not None:
                     meta = _Meta(raw)
-                    if not self._expired(meta, self._clock()):
+                    if not self._expired(txn, key[8:], meta, self._clock()):
                         out.append(decode_track_name(meta.name))
         return out
 
@@ -302,8 +319,11 @@ class LmdbStore:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _expired(self, meta: _Meta, now: float) -> bool:
-        return self.max_age is not None and now - meta.created > self.max_age
+    def _expired(self, txn: lmdb.Transaction, tid_key: bytes, meta: _Meta, now: float) -> bool:
+        if self.max_age is not None and now - meta.created >= self.max_age:
+            return True
+        raw = txn.get(tid_key, db=self._expiry)
+        return raw is not None and now >= _TIME.unpack(raw)[0]
 
     @staticmethod
     def _counter(txn: lmdb.Transaction, key: bytes, default: int) -> int:
@@ -420,6 +440,7 @@ class LmdbStore:
         txn.delete(_u64(meta.seq) + _u64(tid), db=self._lru)
         txn.delete(_u64(tid), db=self._tracks)
         txn.delete(_u64(tid), db=self._props)
+        txn.delete(_u64(tid), db=self._expiry)
         txn.delete(track_name_key(meta.name), db=self._names)
         prefix = _u64(tid)
         with txn.cursor(db=self._groups) as cur:
@@ -444,12 +465,15 @@ class LmdbStore:
             self._evict_one(txn, tid)
 
     def _purge_expired(self, txn: lmdb.Transaction, now: float) -> int:
-        if self.max_age is None:
-            return 0
         old = []
-        for key, raw in txn.cursor(db=self._tracks):
-            if self._expired(_Meta(raw), now):
-                old.append(int.from_bytes(key, "big"))
+        if self.max_age is not None:
+            for key, raw in txn.cursor(db=self._tracks):
+                if self._expired(txn, key, _Meta(raw), now):
+                    old.append(int.from_bytes(key, "big"))
+        else:  # only tracks with an expiry time can expire: visit those alone
+            for key, raw in txn.cursor(db=self._expiry):
+                if now >= _TIME.unpack(raw)[0]:
+                    old.append(int.from_bytes(key, "big"))
         for tid in old:
             self._bytes -= self._remove(txn, tid)
         return len(old)
@@ -517,7 +541,7 @@ class LmdbReadSession:
         if tid is not None:
             meta = _Meta(txn.get(_u64(tid), db=st._tracks))
             now = st._clock()
-            if st._expired(meta, now):
+            if st._expired(txn, _u64(tid), meta, now):
                 tid = None
             else:
                 self._metas[tid] = meta

@@ -12,6 +12,11 @@ Invariants:
 * Appending and reading a Group (FETCH, fill hit) both count as a use for LRU.
 * Payloads are kept as given (no copy). Pass exact-size `bytes`: a memoryview into a larger
   receive buffer would keep that whole buffer alive while accounting only the view.
+* A track with a maximum cache duration (MOQT MAX_CACHE_DURATION, `set_cache_duration`) has
+  its Groups expire that long after their first Object arrived: an expired Group is dropped
+  when next touched, as if evicted (its Locations are unknown again, pins or not), so nothing
+  is ever read from it. A Group's time is its first Object's, so its later Objects expire a
+  little early, never late.
 
 Single-threaded (the relay's event loop); no locking.
 """
@@ -19,9 +24,10 @@ Single-threaded (the relay's event loop); no locking.
 from __future__ import annotations
 
 import itertools
+import time
 from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cachetools import Cache, LRUCache
@@ -58,13 +64,14 @@ _GroupKey = tuple["_TrackState", int]  # the state object hashes by identity: ch
 class MemoryGroup:
     """The Objects of one Group, sorted by Object ID."""
 
-    __slots__ = ("end_of_group", "ids", "nbytes", "objects")
+    __slots__ = ("end_of_group", "ids", "nbytes", "objects", "received_at")
 
-    def __init__(self) -> None:
+    def __init__(self, received_at: float = 0.0) -> None:
         self.ids: list[int] = []
         self.objects: dict[int, StoredObject] = {}
         self.end_of_group: int | None = None
         self.nbytes = GROUP_OVERHEAD
+        self.received_at = received_at  # when its first Object arrived (store clock)
 
     def objects_between(self, lo: int, hi: int) -> Iterator[StoredObject]:
         ids, objects = self.ids, self.objects
@@ -91,11 +98,13 @@ class MemoryGroup:
 
 
 class _TrackState:
-    __slots__ = ("aborted", "end_of_track", "groups", "largest", "pins", "scope", "track")
+    __slots__ = ("aborted", "end_of_track", "groups", "largest", "max_duration", "pins",
+                 "scope", "track")
 
     def __init__(self, track: TrackKey, scope: bytes | None = None) -> None:
         self.track = track
         self.scope = scope  # None: no per-scope quotas, no books kept
+        self.max_duration: float | None = None  # seconds a Group may be served from cache
         self.groups: list[int] = []  # sorted IDs of held Groups (cached or parked)
         self.largest: Location | None = None
         self.end_of_track: StoredObject | None = None
@@ -152,8 +161,10 @@ def _sizeof(grp: MemoryGroup) -> int:
 class MemoryStore:
     """The memory tier. `capacity` is in bytes, overhead included."""
 
-    def __init__(self, capacity: int, quotas: ScopeQuotas | None = None) -> None:
+    def __init__(self, capacity: int, quotas: ScopeQuotas | None = None, *,
+                 clock: Callable[[], float] = time.time) -> None:
         self.capacity = capacity
+        self._clock = clock
         self.quotas = quotas if quotas is not None and quotas.active(MEMORY) else None
         self.scopes = ScopeBooks()
         # per scope, its cached Groups least recently used first (only with quotas)
@@ -163,9 +174,11 @@ class MemoryStore:
         self._parked: dict[_GroupKey, MemoryGroup] = {}  # pinned Groups pushed out of the LRU
         self._parked_bytes = 0
         self._tracks: dict[TrackKey, _TrackState] = {}
+        self._durations: dict[TrackKey, float] = {}  # MAX_CACHE_DURATION per track (s)
         self._lease_ids = itertools.count(1)
         self.evicted_groups = 0
         self.evicted_bytes = 0
+        self.expired_groups = 0
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -180,6 +193,13 @@ class MemoryStore:
         parked = grp is None and key in self._parked
         if parked:
             grp = self._parked[key]
+        if grp is not None and self._expired(st, grp):
+            # an Object arriving again after its Group expired starts the Group afresh
+            self._drop_expired(st, grp, key)
+            grp, parked = None, False
+            if self._tracks.get(track) is not st:  # that was its last Group
+                st = self._tracks[track] = self._new_state(track)
+                key = (st, obj.group)
         try:
             verdict = self._check(st, grp, obj, loc)
         except ConflictError:
@@ -190,7 +210,7 @@ class MemoryStore:
             return verdict
         new = grp is None
         if grp is None:
-            grp = MemoryGroup()
+            grp = MemoryGroup(self._clock())
             insort(st.groups, obj.group)
         oid = obj.object_id
         if not grp.ids or oid > grp.ids[-1]:
@@ -236,7 +256,8 @@ class MemoryStore:
         st.aborted = True
 
     def drop_track(self, track: TrackKey) -> None:
-        """Forget the track entirely (pins included)."""
+        """Forget the track entirely (pins and cache duration included)."""
+        self._durations.pop(track, None)
         st = self._tracks.pop(track, None)
         if st is None:
             return
@@ -252,6 +273,26 @@ class MemoryStore:
             grp = self._parked.pop(key, None)
             if grp is not None:
                 self._parked_bytes -= grp.nbytes
+
+    def set_cache_duration(self, track: TrackKey, seconds: float | None) -> None:
+        """The track's maximum cache duration (None: none); Groups older than it expire.
+        Kept until cleared, also while the track holds nothing (its Objects may come
+        back), so the owner clears it when it forgets the track."""
+        if seconds is None:
+            self._durations.pop(track, None)
+        else:
+            self._durations[track] = seconds
+        st = self._tracks.get(track)
+        if st is not None:
+            st.max_duration = seconds
+
+    def first_received(self, track: TrackKey) -> float | None:
+        """When the first Object of the oldest held Group arrived (store clock)."""
+        st = self._tracks.get(track)
+        times = [g.received_at for g in (self._group(track, i, touch=False)
+                                         for i in list(st.groups)) if g is not None] \
+            if st is not None else []
+        return min(times) if times else None
 
     def discard_group(self, track: TrackKey, group: int) -> bool:
         """Drop one held Group as if evicted (its Locations become unknown); pins are ignored."""
@@ -362,7 +403,7 @@ class MemoryStore:
         out: list[tuple[Location, Location]] = []
         if st is None:
             return out
-        for g in st.groups:
+        for g in list(st.groups):  # reading may drop an expired Group
             grp = self._group(track, g, touch=False)
             if grp is None:
                 continue
@@ -389,7 +430,7 @@ class MemoryStore:
         if st is None:
             return None
         nbytes = 0
-        for g in st.groups:
+        for g in list(st.groups):
             grp = self._group(track, g, touch=False)
             if grp is not None:
                 nbytes += grp.nbytes
@@ -413,7 +454,7 @@ class MemoryStore:
         return {"bytes_used": self.bytes_used, "capacity": self.capacity,
                 "groups": len(self._cache) + len(self._parked), "tracks": len(self._tracks),
                 "pinned_bytes": self._parked_bytes, "evicted_groups": self.evicted_groups,
-                "evicted_bytes": self.evicted_bytes}
+                "evicted_bytes": self.evicted_bytes, "expired_groups": self.expired_groups}
 
     # -- internals -------------------------------------------------------------------------
 
@@ -424,11 +465,34 @@ class MemoryStore:
         key = (st, group)
         cache = self._cache
         if key in cache:
+            # LRUCache.__getitem__ is the LRU "use"; the base class lookup only peeks.
+            grp = cache[key] if touch else Cache.__getitem__(cache, key)
+            if st.max_duration is not None and self._expired(st, grp):
+                self._drop_expired(st, grp, key)
+                return None
             if touch and st.scope is not None:
                 self._scope_lru[st.scope].move_to_end(key)
-            # LRUCache.__getitem__ is the LRU "use"; the base class lookup only peeks.
-            return cache[key] if touch else Cache.__getitem__(cache, key)
-        return self._parked.get(key)
+            return grp
+        grp = self._parked.get(key)
+        if grp is not None and st.max_duration is not None and self._expired(st, grp):
+            self._drop_expired(st, grp, key)
+            return None
+        return grp
+
+    def _expired(self, st: _TrackState, grp: MemoryGroup) -> bool:
+        return st.max_duration is not None and \
+            self._clock() - grp.received_at >= st.max_duration
+
+    def _drop_expired(self, st: _TrackState, grp: MemoryGroup, key: _GroupKey) -> None:
+        """MAX_CACHE_DURATION passed: the Group leaves the tier like an evicted one (its
+        Locations are unknown again), pinned or not — it must not be served any more."""
+        if key in self._cache:
+            del self._cache[key]
+            self._lru_drop(st, key)
+        elif self._parked.pop(key, None) is not None:
+            self._parked_bytes -= grp.nbytes
+        self.expired_groups += 1
+        self._forget_group(st.track, st, key[1], grp)
 
     def _check(self, st: _TrackState, grp: MemoryGroup | None, obj: StoredObject,
                loc: Location) -> AppendResult | None:
@@ -535,7 +599,9 @@ class MemoryStore:
     # -- per-scope quotas (storage/quota.py) -----------------------------------------------
 
     def _new_state(self, track: TrackKey) -> _TrackState:
-        return _TrackState(track, self.quotas.scope_of(track) if self.quotas else None)
+        st = _TrackState(track, self.quotas.scope_of(track) if self.quotas else None)
+        st.max_duration = self._durations.get(track)
+        return st
 
     def _lru_drop(self, st: _TrackState, key: _GroupKey) -> None:
         if st.scope is not None:

@@ -4,8 +4,10 @@ The Track's ingest hands every new Object to each Forwarder with the upstream st
 on. The Forwarder applies the subscription's filters and queues what passes on its session's
 scheduler; when emitted, an Object goes on the downstream subgroup stream that mirrors its
 upstream stream (so Objects of a Subgroup stay in order and the "next Object" rule of §11.5
-holds). A downstream stream is FINed when its upstream stream was, unless the filters dropped
-Objects from it — then it is reset (§11.5).
+holds). A downstream stream is FINed when its upstream stream was, unless Objects at or above
+the subscription's start fell outside its Location window (an update narrowed it) — then it
+is reset (§11.5). Objects left out by the subscriber's own Range filters do not cause a reset
+(docs/relay.md: plain RESET_STREAM would discard the Objects it did ask for).
 
 A Forwarder bounds what it holds for a slow subscriber: past ``max_backlog`` bytes the
 subscription ends with PUBLISH_DONE TOO_FAR_BEHIND and its streams are reset with
@@ -20,12 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from relay.moqt.codes import ObjectStatus, ParameterType, PublishDoneCode, StreamResetCode
+from relay.moqt.codes import ObjectStatus, PublishDoneCode, StreamResetCode
 from relay.moqt.dataplane.objects import SubgroupHeader
 from relay.moqt.params import Params
 from relay.moqt.primitives import Location
-from relay.session import ServedSubscription, SubgroupWriter
-from relay.transport import TransportError
+from relay.moqt.range_filter import ObjectFilter, RangeFilter, override_filters
+from relay.session import RequestCancelled, ServedSubscription, SubgroupWriter
+from relay.transport import SendStream, TransportError
 from storage.interface import StoredObject
 
 from .scheduler import SessionScheduler
@@ -41,10 +44,15 @@ class _Down:
 
     header: SubgroupHeader
     writer: SubgroupWriter | None = None
-    dropped: bool = False  # an Object of it was filtered out: end with a reset, not FIN
+    dropped: bool = False  # an Object of it fell outside the window: end with a reset
     first: bool = False  # the first Object we send is the Subgroup's first (FIRST_OBJECT)
     offered: int = 0
     failed: bool = False
+
+    @property
+    def send_stream(self) -> SendStream | None:
+        """The scheduler's lane: a stream blocked by flow control holds back only itself."""
+        return self.writer.stream if self.writer is not None else None
 
 
 class Forwarder:
@@ -67,10 +75,9 @@ class Forwarder:
         self.max_backlog = max_backlog
         self._on_close = on_close
         self._on_backlog = on_backlog
-        p = params
-        self._sub_filter = p.range_filter(ParameterType.SUBGROUP_FILTER)
-        self._id_filter = p.range_filter(ParameterType.OBJECTID_FILTER)
-        self._prio_filter = p.range_filter(ParameterType.PRIORITY_FILTER)
+        self.range_filters: tuple[RangeFilter, ...] = ()
+        self._filter: ObjectFilter | None = None
+        self.update_filters(params.range_filters)
         self._streams: dict[int, _Down] = {}
         self.backlog = 0
         self.pending = 0
@@ -86,23 +93,26 @@ class Forwarder:
         self.served = served
         self._ready.set()
 
+    def update_filters(self, changes: tuple[RangeFilter, ...]) -> None:
+        """Apply Range filters of a SUBSCRIBE or REQUEST_UPDATE (each type given replaces
+        that type; a zero-length one removes it, §6.5)."""
+        self.range_filters = override_filters(self.range_filters, changes)
+        self._filter = ObjectFilter.of(self.range_filters)
+
     # -- fed by the Track's ingest ---------------------------------------------------------------
 
-    def passes(self, obj: StoredObject) -> bool:
+    def in_window(self, obj: StoredObject) -> bool:
         loc = Location(obj.group, obj.object_id)
-        if loc < self.start or (self.end is not None and loc > self.end):
-            return False
-        if obj.status == ObjectStatus.NORMAL:
-            if self._id_filter is not None and self._id_filter.set_id is not None and \
-                    not self._id_filter.matches(obj.object_id):
-                return False
-            if self._sub_filter is not None and self._sub_filter.set_id is not None and \
-                    not self._sub_filter.matches(obj.subgroup):
-                return False
-            if self._prio_filter is not None and self._prio_filter.set_id is not None and \
-                    not self._prio_filter.matches(obj.priority):
-                return False
-        return True
+        return loc >= self.start and (self.end is None or loc <= self.end)
+
+    def passes(self, obj: StoredObject) -> bool:
+        """Inside the Location window and through the Range filters (§6.3: Forward AND
+        Location filter AND Range filters). Status Objects are Objects too: one outside the
+        filters is not sent either."""
+        f = self._filter
+        return self.in_window(obj) and (
+            f is None or f.passes(None if obj.datagram else obj.subgroup, obj.object_id,
+                                  obj.priority, obj.properties))
 
     def offer(self, stream_key: int, header: SubgroupHeader, obj: StoredObject,
               first_in_stream: bool) -> None:
@@ -113,10 +123,10 @@ class Forwarder:
             down = _Down(header, first=header.first_object and first_in_stream)
             self._streams[stream_key] = down
         if not self.passes(obj):
-            if Location(obj.group, obj.object_id) >= self.start:
-                down.dropped = True  # filtered out (not merely below the start): reset later
-            elif down.offered == 0:
-                down.first = False
+            if down.offered == 0:
+                down.first = False  # the first Object we send is not the Subgroup's first
+            if Location(obj.group, obj.object_id) >= self.start and not self.in_window(obj):
+                down.dropped = True  # outside the window, not merely below the start
             return
         down.offered += 1
         size = len(obj.payload) + 64
@@ -129,7 +139,7 @@ class Forwarder:
             return
         key = (self.subscriber_priority, obj.priority, obj.group, obj.subgroup,
                obj.object_id)
-        self.scheduler.push(key, self._emit, (stream_key, obj, size))
+        self.scheduler.push(key, self._emit, (stream_key, obj, size), down, size)
 
     def stream_ended(self, stream_key: int, fin: bool) -> None:
         down = self._streams.get(stream_key)
@@ -140,7 +150,37 @@ class Forwarder:
         prio = h.publisher_priority if h.publisher_priority is not None else 128
         self.pending += 1
         self.scheduler.push((self.subscriber_priority, prio, h.group_id, sub, _END),
-                            self._emit, (stream_key, None, fin))
+                            self._emit, (stream_key, None, fin), down)
+
+    def announce_group_end(self, group: int, subgroup: int, priority: int) -> None:
+        """Tell the subscriber on the live path that ``group`` has ended, with an empty
+        subgroup stream flagged END_OF_GROUP and FINed (§11.2, §11.5): no Object of it is
+        sent, so nothing below the subscription's start is. For a Group a fill delivered
+        whose End of Group Object is L itself: the fill stream cannot carry that status
+        (§11.4) and the live part starts after it, so the subscriber would otherwise learn
+        of the Group's end only from PUBLISH_DONE (moq-rs 0.5.1 keeps the Group open)."""
+        if self.closed:
+            return
+        self.pending += 1
+        self.scheduler.push((self.subscriber_priority, priority, group, subgroup, _END),
+                            self._emit_group_end, (group, subgroup, priority))
+
+    async def _emit_group_end(self, item: tuple[int, int, int]) -> None:
+        group, subgroup, priority = item
+        self.pending -= 1
+        try:
+            if self.served is None:
+                await self._ready.wait()
+            assert self.served is not None
+            if self.closed or not self.served.forward:
+                return
+            w = await self.served.open_subgroup(group, subgroup, priority,
+                                                first_object=False, end_of_group=True)
+            await w.finish()
+        except (TransportError, RequestCancelled):
+            pass
+        finally:
+            self._maybe_done()
 
     def upstream_done(self, status: int, reason: str = "") -> None:
         """The Track's last upstream ended: PUBLISH_DONE once everything queued is sent."""

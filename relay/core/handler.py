@@ -9,20 +9,21 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from relay.moqt.codes import GroupOrder, LocationFilterType, ParameterType, RequestErrorCode
+from relay.moqt.codes import GroupOrder, LocationFilterType, ObjectStatus, RequestErrorCode
+from relay.moqt.errors import RequestError
 from relay.moqt.location_filter import (
     LocationFilter,
     resolve_fetch_range,
     resolve_subscription_range,
 )
-from relay.moqt.params import Params
+from relay.moqt.params import Params, check_filter_ranges
 from relay.moqt.primitives import (
     Location,
     TrackNamespace,
     format_full_track_name,
     prefixes_overlap,
 )
-from relay.moqt.range_filter import RangeFilter
+from relay.moqt.range_filter import ObjectFilter, override_filters
 from relay.session import (
     IncomingFetch,
     IncomingPublish,
@@ -31,16 +32,17 @@ from relay.session import (
     IncomingSubscribeNamespace,
     IncomingTrackStatus,
     MoqtSession,
+    RequestRejected,
     SessionHandler,
 )
 from relay.session.errors import SessionFailure
 from relay.transport import TransportError
-from storage.interface import Tier
+from storage.interface import OBJECT_MAX, Tier
 
 from .auth import Role, token_values
 from .forwarder import Forwarder
 from .namespaces import NamespaceListener, PublisherEntry
-from .scheduler import SessionScheduler
+from .scheduler import ScheduledWriter, SessionScheduler
 from .track import RelayTrack
 from .upstream import UNREACHABLE
 
@@ -75,13 +77,6 @@ def _group_order(track: RelayTrack, *chosen: GroupOrder | None) -> GroupOrder:
 def _props(track: RelayTrack, params: Params) -> tuple[Any, ...]:
     """The Track's Properties as received upstream, unless INCLUDE_PROPERTIES is 0 (§12)."""
     return () if params.include_properties is False else tuple(track.properties)
-
-
-def _id_ranges(params: Params) -> list[tuple[int, int | None]] | None:
-    f: RangeFilter | None = params.range_filter(ParameterType.OBJECTID_FILTER)
-    if f is None or f.set_id is None:
-        return None
-    return [(r.start, r.end) for r in f.ranges]
 
 
 class RelayHandler(SessionHandler):
@@ -240,7 +235,11 @@ class RelayHandler(SessionHandler):
         if fill_wanted:
             assert largest is not None
             try:
-                await self._serve_fill(track, served, params, largest)
+                fill_end = await self._serve_fill(track, served, params, largest,
+                                                  fwd.subscriber_priority)
+                if fill_end == largest and fwd.start == Location(largest.group,
+                                                                 largest.object + 1):
+                    self._group_end_after_fill(track, fwd, largest)
             finally:
                 fwd.release()
         if not track.live:
@@ -257,6 +256,16 @@ class RelayHandler(SessionHandler):
         a fill carrying the update's Request ID (§9.1)."""
         p: Params = msg.params
         largest = track.largest()
+        if p.range_filters or p.fill is not None:
+            # MAX_FILTER_RANGES counts the subscription's Ranges after the update, plus the
+            # fill's (§6.4, §6.5)
+            after = override_filters(fwd.range_filters, p.range_filters)
+            try:
+                check_filter_ranges(Params(range_filters=after, fill=p.fill),
+                                    self.relay.options.max_filter_ranges)
+            except RequestError as e:
+                raise RequestRejected(e.code, e.reason) from None
+            fwd.update_filters(p.range_filters)
         if p.forward is not None:
             fwd.forward = p.forward
         if p.subscriber_priority is not None:
@@ -268,17 +277,30 @@ class RelayHandler(SessionHandler):
         if p.fill is not None and largest is not None and served.forward:
             merged = Params(location_filter=p.location_filter or served.params.location_filter,
                             group_order=served.params.group_order, fill=p.fill,
-                            range_filters=served.params.range_filters)
-            await self._serve_fill(track, served, merged, largest, msg.request_id)
+                            range_filters=fwd.range_filters)
+            await self._serve_fill(track, served, merged, largest, fwd.subscriber_priority,
+                                   msg.request_id)
         return Params(largest_object=largest)
 
     @staticmethod
     def _sess_of(served: Any) -> MoqtSession:
         return served.session  # type: ignore[no-any-return]
 
+    @staticmethod
+    def _group_end_after_fill(track: RelayTrack, fwd: Forwarder, largest: Location) -> None:
+        """L is an End of Group the fill covered and the live part starts right after:
+        say on the live path that the Group is over (see Forwarder.announce_group_end)."""
+        with track.store.reader() as r:
+            eog = next((o for _, o in r.read(track.key, largest, largest)), None)
+        if eog is not None and eog.status == ObjectStatus.END_OF_GROUP and not eog.datagram:
+            fwd.announce_group_end(eog.group, eog.subgroup, eog.priority)
+
     async def _serve_fill(self, track: RelayTrack, served: Any, params: Params,
-                          largest: Location, request_id: int | None = None) -> None:
-        """Open the fill fetch stream now; walk and write it in a task of the session."""
+                          largest: Location, priority: int, request_id: int | None = None
+                          ) -> Location | None:
+        """Open the fill fetch stream now; walk and write it in a task of the session, in
+        the session's priority order (the fill's Subscriber Priority, else the
+        subscription's, §9.4). Returns the fill's end, None if no fill stream was opened."""
         fill = params.fill
         assert fill is not None
         lf = fill.location_filter if fill.location_filter is not None else params.location_filter
@@ -286,28 +308,33 @@ class RelayHandler(SessionHandler):
             lf = None
         rng = resolve_fetch_range(lf, largest)
         if rng is None or rng.is_empty or rng.end is None:
-            return
+            return None
         order = _group_order(track, fill.group_order, params.group_order)
-        merged = Params(range_filters=fill.range_filters or params.range_filters)
+        # the fill's own Range filters replace the subscription's of the same type (§6.4)
+        flt = ObjectFilter.of(override_filters(params.range_filters, fill.range_filters))
         timeout = fill.fill_timeout / 1000 if fill.fill_timeout is not None \
             else self.relay.options.default_fill_timeout
         try:
-            writer = await served.open_fill(request_id, group_order=order)
+            stream = await served.open_fill(request_id, group_order=order)
         except (TransportError, SessionFailure):
-            return
-        self._sess_of(served).spawn(
-            self._write_fill(track, writer, rng.start, rng.end, order, merged, timeout),
+            return None
+        session = self._sess_of(served)
+        writer = ScheduledWriter(stream, self.scheduler(session),
+                                 fill.subscriber_priority if fill.subscriber_priority is not None
+                                 else priority)
+        session.spawn(
+            self._write_fill(track, writer, rng.start, rng.end, order, flt, timeout),
             "fill")
+        return rng.end
 
     async def _write_fill(self, track: RelayTrack, writer: Any, start: Location,
-                          end: Location, order: GroupOrder, merged: Params,
+                          end: Location, order: GroupOrder, flt: ObjectFilter | None,
                           timeout: float) -> None:
         lease = track.store.pin(track.key, start.group, end.group)
         started = asyncio.get_running_loop().time()
         self.relay.counters.inc("fills_active")
         try:
-            stats = await track.serve_range(writer, start, end, order,
-                                            _id_ranges(merged), timeout,
+            stats = await track.serve_range(writer, start, end, order, flt, timeout,
                                             self._fetch_upstream,
                                             self.relay.options.in_flight_wait)
             if not stats.reset:
@@ -339,6 +366,9 @@ class RelayHandler(SessionHandler):
         largest = track.largest()
         timeout = params.fill_timeout / 1000 if params.fill_timeout is not None \
             else relay.options.default_fill_timeout
+        # FILL_TIMEOUT bounds all the upstream effort of this FETCH, before FETCH_OK and after
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         unanswered = False
         if largest is None:
             # Nothing cached: learn the Track from upstream (pull-through), within the
@@ -366,20 +396,23 @@ class RelayHandler(SessionHandler):
         end = rng.end
         if lf is not None and lf.type == LocationFilterType.ABSOLUTE_START_GROUP_END and \
                 end.group == lf.end_group:
-            g_end = track.store.group_end(track.key, end.group)
-            if g_end is not None:
-                # the last Location known in the Group (§7.10), never below the start
-                end = max(Location(end.group, min(end.object, g_end)), rng.start)
+            end = await self._group_end_location(track, rng.start, end,
+                                                 max(0.0, deadline - loop.time()))
         final = track.store.known_final(track.key)
         end_of_track = final is not None and Location(final.group, final.object) <= end and \
             end >= largest
         started = asyncio.get_running_loop().time()
-        writer = await req.accept(end_of_track, end, _props(track, params))
+        writer = ScheduledWriter(await req.accept(end_of_track, end, _props(track, params)),
+                                 self.scheduler(self._sess(req)),
+                                 params.subscriber_priority
+                                 if params.subscriber_priority is not None else 128)
         lease = track.store.pin(track.key, rng.start.group, end.group)
         relay.counters.inc("fetches_active")
         try:
             stats = await track.serve_range(writer, rng.start, end, req.group_order,
-                                            _id_ranges(params), timeout, self._fetch_upstream,
+                                            ObjectFilter.of(params.range_filters),
+                                            max(0.0, deadline - loop.time()),
+                                            self._fetch_upstream,
                                             relay.options.in_flight_wait)
             if not stats.reset:
                 await writer.finish()
@@ -391,6 +424,30 @@ class RelayHandler(SessionHandler):
         finally:
             relay.counters.inc("fetches_active", -1)
             lease.release()
+
+    async def _group_end_location(self, track: RelayTrack, start: Location, end: Location,
+                                  timeout: float) -> Location:
+        """End Location of a FETCH for "all of Group G" (§7.10): the last Location known
+        in G — its End of Group, else the last Object held of it — never {G, 2^64-1},
+        which is no Object's Location (a lower relay would take it for the Largest
+        Object; moq-rs refuses it). Knowing nothing of G, ask upstream first (within the
+        FETCH's FILL_TIMEOUT); still nothing: the whole Group, reported unknown."""
+        g = end.group
+        for attempt in range(2):
+            g_end = track.store.group_end(track.key, g)
+            if g_end is not None:
+                return max(Location(g, min(end.object, g_end)), start)
+            if end.object != OBJECT_MAX:
+                return end  # clipped to the Largest Object, inside G
+            last = track.last_held(g)
+            if last is not None and last >= start:
+                return last
+            if attempt == 0:
+                try:
+                    await asyncio.wait_for(self._fetch_upstream(track, start, end), timeout)
+                except TimeoutError:
+                    break
+        return end
 
     @staticmethod
     def _requested_bounds(lf: LocationFilter | None) -> tuple[Location, Location]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,8 +97,8 @@ class Counters:
 
 class Relay:
     def __init__(self, store: TieredStore, *, options: RelayOptions | None = None,
-                 authorizer: Authorizer | None = None, upstream: UpstreamLink | None = None
-                 ) -> None:
+                 authorizer: Authorizer | None = None, upstream: UpstreamLink | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.options = options or RelayOptions()
         self.auth = authorizer or Authorizer()
@@ -117,10 +118,15 @@ class Relay:
         self.sweep_every = 1024  # new Tracks between two sweeps of the registry
         self.draining = False
         self._connections = 0  # connections admitted, SETUP pending or done
+        self._clock = clock  # the stores' clock: expiry times are in its terms
+        self._expiry_at: float | None = None
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._expiry_task: asyncio.Future[None] | None = None
         durable = store.durable
         if durable is not None:
             for ns, _ in durable.tracks():
                 self._announce_cached(tuple(ns))
+            self._arm_expiry(durable.next_expiry())
 
     def _announce_cached(self, namespace: TrackNamespace) -> None:
         """The relay holds a complete Track of ``namespace`` in LMDB: it stays discoverable
@@ -194,7 +200,7 @@ class Relay:
             t.counters = self.counters
             stored = self.store.track_properties(t.key)
             if stored:  # a Track held in LMDB keeps its Track Properties across restarts
-                t.properties = kvps_from_bytes(stored)
+                t.set_properties(kvps_from_bytes(stored))
         return t
 
     def sweep(self) -> int:
@@ -206,7 +212,7 @@ class Relay:
             if t.establishing is None and not t.upstreams and not t.forwarders and \
                     (t._commit_task is None or t._commit_task.done()) and \
                     self.store.largest_object(t.key) is None:
-                del self.tracks[t.full_name]
+                self._forget(t)
                 dropped += 1
         return dropped
 
@@ -215,7 +221,11 @@ class Relay:
         SUBSCRIBE or FETCH for a name nobody publishes), so such requests cannot grow it."""
         if track.establishing is None and not track.upstreams and not track.forwarders and \
                 track.largest() is None and self.tracks.get(track.full_name) is track:
-            del self.tracks[track.full_name]
+            self._forget(track)
+
+    def _forget(self, track: RelayTrack) -> None:
+        del self.tracks[track.full_name]
+        self.store.memory.set_cache_duration(track.key, None)
 
     async def _commit(self, track: RelayTrack) -> None:
         """Persist a complete Track to LMDB, off the event loop, one commit at a time."""
@@ -228,9 +238,19 @@ class Relay:
             groups = self.store.memory.complete_track(track.key)
             if groups is None:
                 return  # a gap, or aborted: never persisted
+            # MAX_CACHE_DURATION (§12) counts from when the Objects arrived, not from the
+            # commit: the oldest Group's time bounds the whole Track in LMDB
+            expires_at = None
+            duration = track.cache_duration
+            first = self.store.memory.first_received(track.key)
+            if duration is not None and first is not None:
+                expires_at = first + duration
+                if expires_at <= self._clock():
+                    return  # already too old to be served: not worth a write
             try:
                 n = await asyncio.to_thread(durable.commit_track, track.key, groups,
-                                            properties=encode_kvps(track.properties))
+                                            properties=encode_kvps(track.properties),
+                                            expires_at=expires_at)
             except StorageFullError as e:
                 log.warning("LMDB full, %r stays in memory only: %s", track, e)
                 self.counters.inc("lmdb_full")
@@ -240,15 +260,66 @@ class Relay:
             track.committed = True
             self._announce_cached(track.full_name.namespace)
             if durable.evicted_tracks != self._evictions_seen:
-                # LMDB made room by evicting Tracks: namespaces it no longer holds any Track
-                # of are done (NAMESPACE_DONE, unless a live publisher still announces them).
+                # LMDB made room by evicting Tracks (a commit also purges expired ones)
                 self._evictions_seen = durable.evicted_tracks
-                held = {tuple(ns) for ns, _ in await asyncio.to_thread(durable.tracks)}
-                for ns in [ns for ns in self._cached_ns if ns not in held]:
-                    self.namespaces.remove_publisher(self._cached_ns.pop(ns))
+                await self._withdraw_unheld()
+            if expires_at is not None:
+                self._arm_expiry(expires_at)
+            elif durable.max_age is not None:
+                self._arm_expiry(self._clock() + durable.max_age)
             if n:  # 0: another worker had committed it already (docs/workers.md)
                 self.counters.inc("lmdb_committed_tracks")
                 self.counters.inc("lmdb_committed_bytes", n)
+
+    async def _withdraw_unheld(self) -> None:
+        """Namespaces LMDB no longer holds any Track of are done (NAMESPACE_DONE, unless a
+        live publisher still announces them)."""
+        durable = self.store.durable
+        if durable is None:
+            return
+        held = {tuple(ns) for ns, _ in await asyncio.to_thread(durable.tracks)}
+        for ns in [ns for ns in self._cached_ns if ns not in held]:
+            self.namespaces.remove_publisher(self._cached_ns.pop(ns))
+
+    # -- expiry (lmdb_max_age, MAX_CACHE_DURATION) ------------------------------------------------
+
+    def _arm_expiry(self, at: float | None) -> None:
+        """Wake up when the next LMDB Track expires (``at``, store clock), unless already
+        due to wake up sooner."""
+        if at is None or (self._expiry_at is not None and self._expiry_at <= at):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # built outside an event loop (a tool, not a server): no timer
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+        self._expiry_at = at
+        self._expiry_timer = loop.call_later(max(0.0, at - self._clock()), self._expiry_due)
+
+    def _expiry_due(self) -> None:
+        self._expiry_task = asyncio.ensure_future(self._expire_logged())
+
+    async def _expire_logged(self) -> None:
+        try:
+            await self.expire()
+        except Exception as e:  # e.g. LMDB closed under it at shutdown; retried next time
+            log.warning("LMDB expiry failed: %s", e)
+
+    async def expire(self) -> int:
+        """Purge the LMDB Tracks whose time is up; their namespaces, if LMDB held nothing
+        else of them, are done — expiry is a withdrawal like eviction. Returns how many
+        Tracks went."""
+        durable = self.store.durable
+        self._expiry_at = self._expiry_timer = None
+        if durable is None:
+            return 0
+        removed = await asyncio.to_thread(durable.expire)
+        if removed:
+            self.counters.inc("lmdb_expired_tracks", removed)
+            await self._withdraw_unheld()
+        self._arm_expiry(await asyncio.to_thread(durable.next_expiry))
+        return removed
 
     async def wait_committed(self, name: FullTrackName, timeout: float = 10.0) -> bool:
         t = self.tracks.get(name)
@@ -402,7 +473,11 @@ class Relay:
                                        Params(location_filter=lf,
                                               group_order=GroupOrder.ASCENDING))
                 self.counters.inc("upstream_fetches")
-                track.note_largest(resp.end_location)
+                if resp.end_location is not None and resp.end_location.object != OBJECT_MAX:
+                    # End Location is at most the responder's Largest Object (§7.10) —
+                    # unless it is {G, 2^64-1}, "all of Group G" (a convention some peers
+                    # still answer with): no Object is there, so it says nothing of L
+                    track.note_largest(resp.end_location)
                 spans = MarkerSpans(start)
                 async for ev in resp:
                     if isinstance(ev, ReceivedObject):
@@ -452,7 +527,7 @@ class Relay:
                 continue
             track.note_largest(ok.params.largest_object)
             if ok.track_properties and not track.properties:
-                track.properties = tuple(ok.track_properties)
+                track.set_properties(ok.track_properties)
             return None
         return err
 
@@ -511,6 +586,12 @@ class Relay:
                              return_exceptions=True)
 
     async def close(self) -> None:
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        if self._expiry_task is not None and not self._expiry_task.done():
+            # let a purge in its thread finish before the store closes under it
+            await asyncio.wait({self._expiry_task}, timeout=5.0)
         for s in list(self.sessions):
             s.close(SessionErrorCode.NO_ERROR, "relay shutting down")
         if self.upstream is not None:

@@ -11,18 +11,19 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relay.moqt.codes import (
     EndOfRangeType,
     GroupOrder,
     ObjectStatus,
+    PropertyType,
     PublishDoneCode,
     StreamResetCode,
 )
 from relay.moqt.primitives import FullTrackName, Location, format_full_track_name
+from relay.moqt.range_filter import ObjectFilter
 from relay.session import (
-    FetchWriter,
     RangeMarker,
     ReceivedObject,
     RequestCancelled,
@@ -61,6 +62,20 @@ UpstreamFetch = Callable[["RelayTrack", Location, Location], Awaitable[bool]]
 
 
 Spans = list[tuple[Location, Location]]
+
+
+class RangeWriter(Protocol):
+    """A fetch or fill fetch stream as ``serve_range`` writes it (``FetchWriter``, or one
+    scheduled among the session's other writes)."""
+
+    async def write_object(self, group: int, subgroup: int | None, object_id: int,
+                           priority: int, payload: Any, *, properties: bytes | None = None
+                           ) -> None: ...
+
+    async def write_marker(self, kind: EndOfRangeType, end_group: int, end_object: int
+                           ) -> None: ...
+
+    def reset(self, code: int) -> None: ...
 
 
 def _after(loc: Location) -> Location:
@@ -165,6 +180,20 @@ class RelayTrack:
         loc = Location(cached.group, cached.object)
         return loc if up is None or loc > up else up
 
+    def set_properties(self, properties: Sequence[Any]) -> None:
+        """The Track Properties as received (§12: the most recent set replaces the cached
+        one); MAX_CACHE_DURATION among them bounds how long the cache may serve Objects."""
+        self.properties = tuple(properties)
+        self.store.memory.set_cache_duration(self.key, self.cache_duration)
+
+    @property
+    def cache_duration(self) -> float | None:
+        """MAX_CACHE_DURATION in seconds (§12), None when the publisher set none."""
+        for p in self.properties:
+            if p.type == PropertyType.MAX_CACHE_DURATION and isinstance(p.value, int):
+                return p.value / 1000
+        return None
+
     def note_largest(self, loc: Location | None) -> None:
         if loc is not None and (self.upstream_largest is None or loc > self.upstream_largest):
             self.upstream_largest = loc
@@ -190,12 +219,13 @@ class RelayTrack:
         self.note_largest(sub.largest)
         if sub.track_properties:
             # the most recent set replaces the cached one (§12); forwarded unchanged
-            self.properties = sub.track_properties
+            self.set_properties(sub.track_properties)
 
     async def ingest(self, sub: Subscription) -> None:
         """Cache and fan out everything the upstream subscription delivers."""
         self.attach_upstream(sub)
         seen_streams: set[int] = set()
+        last: dict[int, ReceivedObject] = {}  # per subgroup stream, its last Object so far
         fills: dict[int, MarkerSpans] = {}  # per fill stream (our fill starts at {0,0})
         status: int | None = None
         reason = ""
@@ -203,6 +233,8 @@ class RelayTrack:
             async for ev in sub:
                 if isinstance(ev, ReceivedObject):
                     self._on_object(ev, seen_streams)
+                    if ev.stream.source is Source.SUBGROUP:
+                        last[ev.stream.stream_id] = ev
                     if ev.stream.source is Source.FILL:
                         fills.setdefault(ev.stream.stream_id,
                                          MarkerSpans(Location(0, 0))).element(ev.location)
@@ -215,6 +247,11 @@ class RelayTrack:
                         # our own fill request is {0,0}..L with no Range filters
                         self.mark_absent(Location(0, 0), sub.largest, unknown)
                     if ev.stream.source is Source.SUBGROUP:
+                        final = last.pop(sid, None)
+                        header = ev.stream.header
+                        if ev.fin and final is not None and header is not None and \
+                                header.end_of_group:
+                            self._group_ends_after(final)
                         for f in list(self.forwarders):
                             f.stream_ended(sid, ev.fin)
                     self.maybe_commit()
@@ -260,6 +297,27 @@ class RelayTrack:
         if ev.status != ObjectStatus.NORMAL:
             self.maybe_commit()
 
+    def _group_ends_after(self, final: ReceivedObject) -> None:
+        """A subgroup stream with END_OF_GROUP ended with FIN after ``final``: no larger
+        Object ID exists in its Group (§11.2). Cached as the End of Group Object it is
+        equivalent to (§14.1), so FETCH_OK can say where the Group ends and the Track can
+        be committed, from publishers that end Groups this way rather than with a status
+        Object (moq-rs). Only cached: live subscribers got the same FIN and flag."""
+        if final.status != ObjectStatus.NORMAL or final.object_id >= OBJECT_MAX:
+            return  # ended by its own status Object (or no room after it)
+        g, end = final.group, final.object_id + 1
+        final_loc = self.store.known_final(self.key)
+        if self.store.group_end(self.key, g) is not None or \
+                (final_loc is not None and Location(g, end) >= final_loc):
+            return
+        try:
+            self.store.append(self.key, StoredObject(g, final.subgroup, end, final.priority,
+                                                     int(ObjectStatus.END_OF_GROUP)))
+        except ConflictError as e:  # a larger Object of the Group is cached: §14.2
+            log.warning("%r is malformed: %s", self, e)
+            self.malformed = True
+        self._bump()
+
     def maybe_commit(self) -> None:
         """Once End of Track is known, try to persist after every Group-level event: the End
         of Track Object can overtake the last Groups (they travel on other streams)."""
@@ -297,11 +355,12 @@ class RelayTrack:
 
     # -- serving ranges from cache (fills and FETCH) ----------------------------------------------
 
-    async def serve_range(self, writer: FetchWriter, start: Location, end: Location,
-                          order: GroupOrder, id_ranges: list[tuple[int, int | None]] | None,
+    async def serve_range(self, writer: RangeWriter, start: Location, end: Location,
+                          order: GroupOrder, flt: ObjectFilter | None,
                           budget: float, upstream_fetch: UpstreamFetch | None,
                           in_flight_wait: float = 1.0) -> ServeStats:
-        """Write every Object of [start, end] the cache holds or can obtain, in ``order``.
+        """Write every Object of [start, end] the cache holds or can obtain, in ``order``,
+        that passes the request's Range filters ``flt`` (§6.5).
 
         Unknown spans are waited for (Objects still in flight on the upstream subscription),
         then fetched upstream (``upstream_fetch``), within ``budget`` seconds (FILL_TIMEOUT);
@@ -311,6 +370,10 @@ class RelayTrack:
         stats = ServeStats()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
+        # Object IDs no Object can pass are not even walked (nor asked upstream); the other
+        # filters need the Object itself (its Subgroup, priority, Properties): an unknown
+        # span stays to be resolved, and what it brings is filtered like the rest.
+        id_ranges = flt.object_ids() if flt is not None else None
         last_group: int | None = None  # Group of the last element written
         attempted: set[tuple[Location, Location]] = set()
         groups = range(start.group, end.group + 1)
@@ -322,7 +385,7 @@ class RelayTrack:
             cursor = lo
             while cursor is not None and cursor <= hi:
                 span, cursor, last_group = await self._serve_group(
-                    writer, g, cursor, hi, id_ranges, stats, last_group)
+                    writer, g, cursor, hi, id_ranges, flt, stats, last_group)
                 if span is None:
                     break
                 key = (span.start, span.end)
@@ -348,8 +411,9 @@ class RelayTrack:
                 cursor = nxt if span.end.object < OBJECT_MAX else None
         return stats
 
-    async def _serve_group(self, writer: FetchWriter, g: int, cursor: int, hi: int,
-                           id_ranges: list[tuple[int, int | None]] | None, stats: ServeStats,
+    async def _serve_group(self, writer: RangeWriter, g: int, cursor: int, hi: int,
+                           id_ranges: list[tuple[int, int | None]] | None,
+                           flt: ObjectFilter | None, stats: ServeStats,
                            last_group: int | None) -> tuple[Span | None, int | None, int | None]:
         """Write Group ``g`` from ``cursor`` to ``hi``; stop at the first unknown span."""
         with self.store.reader() as r:
@@ -365,8 +429,11 @@ class RelayTrack:
                     return sp, sp.start.object, last_group
                 if item.status != ObjectStatus.NORMAL:
                     continue
-                props = bytes(item.properties) if item.properties else None
                 sub = None if item.datagram else item.subgroup
+                if flt is not None and not flt.passes(sub, item.object_id, item.priority,
+                                                      item.properties):
+                    continue
+                props = bytes(item.properties) if item.properties else None
                 await writer.write_object(item.group, sub, item.object_id, item.priority,
                                           item.payload, properties=props)
                 stats.objects += 1
@@ -438,6 +505,15 @@ class RelayTrack:
                     progressed = True
         return Span(span.kind, start, span.end) if start != span.start else span
 
+    def last_held(self, group: int) -> Location | None:
+        """The largest Location of ``group`` the cache holds an Object for."""
+        last = None
+        with self.store.reader() as r:
+            for _, obj in r.read(self.key, StoreLocation(group, 0),
+                                 StoreLocation(group, OBJECT_MAX)):
+                last = obj.location
+        return Location(*last) if last is not None else None
+
     def append_fetched(self, obj: StoredObject) -> None:
         """An Object learned from an upstream FETCH (cached like any other, §14.6 step 5)."""
         try:
@@ -448,4 +524,4 @@ class RelayTrack:
         self._bump()
 
 
-__all__ = ["MarkerSpans", "RelayTrack", "ServeStats", "UpstreamFetch"]
+__all__ = ["MarkerSpans", "RangeWriter", "RelayTrack", "ServeStats", "UpstreamFetch"]

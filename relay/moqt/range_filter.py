@@ -12,17 +12,20 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .codes import ParameterType, RequestErrorCode
-from .errors import RequestError
+from .errors import RequestError, SessionError
+from .kvp import kvps_from_bytes
 from .reader import Reader
 from .vi64 import MAX_VI64, encode_vi64
 
 __all__ = [
     "RANGE_FILTER_TYPES",
+    "ObjectFilter",
     "Range",
     "RangeFilter",
     "decode_range_filter",
     "encode_range_filter",
     "evaluate_range_filters",
+    "override_filters",
 ]
 
 RANGE_FILTER_TYPES = frozenset(
@@ -174,3 +177,66 @@ def evaluate_range_filters(
             ok = v is not None and f.matches(v)
         groups[f.set_id] = groups.get(f.set_id, True) and ok
     return not groups or any(groups.values())
+
+
+def override_filters(base: Iterable[RangeFilter], over: Iterable[RangeFilter]
+                     ) -> tuple[RangeFilter, ...]:
+    """``base`` with every filter type that ``over`` carries replaced by ``over``'s filters of
+    that type; a zero-length one only removes the type. How REQUEST_UPDATE changes a
+    subscription's filters (§6.5) and how FILL_PARAMETERS inherit them (§6.4)."""
+    over = tuple(over)
+    replaced = {f.type for f in over}
+    kept = [f for f in base if f.type not in replaced]
+    return (*kept, *(f for f in over if f.set_id is not None))
+
+
+class ObjectFilter:
+    """The Range filters of one subscription, fill or FETCH, ready to test Objects (§6.5).
+
+    Built once per request; ``passes`` is called per Object. An Object's Properties are
+    decoded only when an OBJECT_PROPERTY_FILTER needs them (the relay never looks into
+    payloads; Properties are header fields).
+    """
+
+    __slots__ = ("_filters", "_needs_properties")
+
+    def __init__(self, filters: Iterable[RangeFilter]) -> None:
+        self._filters = tuple(f for f in filters if f.set_id is not None
+                              and f.type != ParameterType.TRACK_PROPERTY_FILTER)
+        self._needs_properties = any(f.type == ParameterType.OBJECT_PROPERTY_FILTER
+                                     for f in self._filters)
+
+    @classmethod
+    def of(cls, filters: Iterable[RangeFilter]) -> ObjectFilter | None:
+        """The filter, or None when nothing is filtered (the common case costs nothing)."""
+        f = cls(filters)
+        return f if f._filters else None
+
+    def passes(self, subgroup_id: int | None, object_id: int, priority: int,
+               properties: bytes | memoryview | None = None) -> bool:
+        props: dict[int, int] | None = None
+        if self._needs_properties and properties:
+            props = {}
+            try:
+                for kv in kvps_from_bytes(properties):
+                    if isinstance(kv.value, int):
+                        props.setdefault(kv.type, kv.value)
+            except (SessionError, ValueError, IndexError):
+                props = None  # undecodable Properties hold no value to match
+        return evaluate_range_filters(self._filters, subgroup_id=subgroup_id,
+                                      object_id=object_id, priority=priority,
+                                      properties=props)
+
+    def object_ids(self) -> list[tuple[int, int | None]] | None:
+        """Object-ID ranges outside which no Object can pass, or None if there are none:
+        a store walk can skip everything else (no unknown spans reported for it either).
+        That holds only when every SetID group has an OBJECTID_FILTER (groups are ORed)."""
+        by_set: dict[int, RangeFilter | None] = {}
+        for f in self._filters:
+            if f.type == ParameterType.OBJECTID_FILTER:
+                by_set[f.set_id] = f  # type: ignore[index]
+            else:
+                by_set.setdefault(f.set_id, None)  # type: ignore[arg-type]
+        if not by_set or any(f is None for f in by_set.values()):
+            return None
+        return [(r.start, r.end) for f in by_set.values() if f is not None for r in f.ranges]

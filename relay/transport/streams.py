@@ -92,6 +92,22 @@ class SendStream:
         """Send FIN (after everything already written)."""
         await self.write(b"", end_stream=True)
 
+    def would_wait(self, n: int) -> bool:
+        """A ``write`` of ``n`` bytes now would wait for room (this stream's or the
+        connection's); a larger one than the high-water mark always may."""
+        return not self._has_room() or n > self._conn._settings.send_buffer_high
+
+    @property
+    def connection_unsent(self) -> int:
+        """Bytes written to any stream of this session and not yet sent."""
+        return self._conn._conn_unsent()
+
+    @property
+    def connection_full(self) -> bool:
+        """The session as a whole is at its high-water mark: every write waits."""
+        conn = self._conn
+        return conn._conn_unsent() >= conn._settings.connection_send_buffer_high
+
     def reset(self, code: int) -> None:
         """Abort sending with RESET_STREAM carrying ``code`` (a MOQT stream reset code)."""
         if self._closed:

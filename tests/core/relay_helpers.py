@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,11 +38,12 @@ def make_ns(tag: bytes = b"") -> tuple[bytes, ...]:
 async def relay_at(data_dir: Path, *, upstream: Sequence[str] = (), port: int = 0,
                    options: RelayOptions | None = None, memory_bytes: int = 256 << 20,
                    auth_tokens: list[dict[str, object]] | None = None,
-                   send_buffer_bytes: int = 1 << 20, lmdb_bytes: int = 256 << 20
-                   ) -> RunningRelay:
+                   send_buffer_bytes: int = 1 << 20, lmdb_bytes: int = 256 << 20,
+                   lmdb_max_age: float | None = None,
+                   clock: Callable[[], float] = time.time) -> RunningRelay:
     cfg = RelayConfig(send_buffer_bytes=send_buffer_bytes, listen_port=port,
                       data_dir=data_dir, upstream=list(upstream), upstream_insecure=True,
-                      memory_bytes=memory_bytes,
+                      memory_bytes=memory_bytes, lmdb_max_age=lmdb_max_age, clock=clock,
                       lmdb_bytes=lmdb_bytes, options=options or RelayOptions(),
                       auth_tokens=auth_tokens or [])
     return await start_relay(cfg)

@@ -4,7 +4,9 @@ first, and Subscriber Priority between subscriptions of one session."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from relay_helpers import (
@@ -20,9 +22,10 @@ from relay_helpers import (
 )
 
 from relay.moqt.codes import ObjectStatus
+from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
-from relay.session import ReceivedObject, SessionConfig, Subscription
+from relay.session import FetchResponse, ReceivedObject, SessionConfig, Subscription
 from relay.transport import QuicSettings
 
 GROUPS = 8
@@ -34,6 +37,23 @@ async def _push(track: PushedTrack, priority: int, groups: int) -> None:
         for i, p in enumerate(group_payloads(g, 8, size=32 * 1024)):
             await w.write_object(i, p)
         await w.write_status(8, ObjectStatus.END_OF_GROUP, fin=True)
+
+
+async def _arrival_order(streams: dict[str, Subscription | FetchResponse]) -> list[str]:
+    """Read every ``GROUPS`` x 8 Objects of each (tag: subscription or FETCH) concurrently;
+    the tags in the order the Objects arrived."""
+    order: list[str] = []
+
+    async def read(s: Subscription | FetchResponse, tag: str) -> None:
+        async for ev in s:
+            if isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
+                order.append(tag)
+                if order.count(tag) == GROUPS * 8:
+                    return
+
+    async with asyncio.timeout(TIMEOUT):
+        await asyncio.gather(*(read(s, tag) for tag, s in streams.items()))
+    return order
 
 
 @pytest.mark.parametrize("which", ["publisher", "subscriber"])
@@ -70,17 +90,7 @@ async def test_more_important_objects_overtake_under_contention(tmp_path: Path,
         await wait_cached(r, low, Location(GROUPS - 1, 8))
         await wait_cached(r, high, Location(GROUPS - 1, 8))
 
-        order: list[str] = []
-
-        async def read(s: Subscription, tag: str) -> None:
-            async for ev in s:
-                if isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
-                    order.append(tag)
-                    if order.count(tag) == GROUPS * 8:
-                        return
-
-        async with asyncio.timeout(TIMEOUT):
-            await asyncio.gather(read(s_low, "low"), read(s_high, "high"))
+        order = await _arrival_order({"low": s_low, "high": s_high})
         last_high = max(i for i, t in enumerate(order) if t == "high")
         last_low = max(i for i, t in enumerate(order) if t == "low")
         # FIFO would finish "high" last; priority scheduling finishes it well before "low"
@@ -89,5 +99,90 @@ async def test_more_important_objects_overtake_under_contention(tmp_path: Path,
         tail = order[last_high + 1:]
         assert order.index("high") < 16 and tail == ["low"] * len(tail)
         assert len(tail) >= GROUPS * 8 - 16
+    finally:
+        await r.close()
+
+
+async def _fill_or_fetch(c: Any, name: FullTrackName, path: str) -> Any:
+    if path == "fetch":
+        return await asyncio.wait_for(c.fetch(name.namespace, name.name), TIMEOUT)
+    return await asyncio.wait_for(c.subscribe(name.namespace, name.name, live_params()),
+                                  TIMEOUT)
+
+
+@pytest.mark.parametrize("path", ["fetch", "fill"])
+async def test_fills_and_fetches_take_their_turn_by_priority(tmp_path: Path,
+                                                             path: str) -> None:
+    """Earlier layers first whichever path carries them: Objects on fill and fetch streams
+    are scheduled with the session's other writes (§13, §9.4), not written around them."""
+    r = await relay_at(tmp_path, send_buffer_bytes=64 * 1024)
+    ns = make_ns()
+    late, early = FullTrackName(ns, b"k.raw.s1"), FullTrackName(ns, b"k.raw.s0")
+    try:
+        pub = await client(r)
+        for name, prio in ((late, 200), (early, 1)):
+            t = await push_track(pub, name, layers=GROUPS, announce=name == late)
+            await _push(t, prio, GROUPS)
+            await wait_cached(r, name, Location(GROUPS - 1, 8))
+        sub = await client(r, config=SessionConfig(receive_queue=2),
+                           settings=QuicSettings(max_data=128 * 1024,
+                                                 max_stream_data=64 * 1024))
+        # the later layers are asked for first, the earlier ones after them; both are
+        # being written before the subscriber reads anything
+        resp_late = await _fill_or_fetch(sub, late, path)
+        resp_early = await _fill_or_fetch(sub, early, path)
+        active = "fetches_active" if path == "fetch" else "fills_active"
+        async with asyncio.timeout(TIMEOUT):
+            while r.relay.counters.get(active) < 2:
+                await asyncio.sleep(0)
+        order = await _arrival_order({"late": resp_late, "early": resp_early})
+        last_early = max(i for i, t in enumerate(order) if t == "early")
+        tail = order[last_early + 1:]
+        # only what was already in flight precedes the last of the earlier layers
+        assert tail == ["late"] * len(tail) and len(tail) >= GROUPS * 8 - 16, order
+    finally:
+        await r.close()
+
+
+async def test_a_subscription_blocked_by_flow_control_does_not_stall_the_others(
+        tmp_path: Path) -> None:
+    """The subscriber never reads one subscription: its stream's flow-control window closes
+    and the relay's buffer for it fills. The session's other subscription keeps flowing."""
+    r = await relay_at(tmp_path, send_buffer_bytes=256 * 1024)
+    ns = make_ns()
+    stuck_name, flowing_name = FullTrackName(ns, b"k.raw.s0"), FullTrackName(ns, b"v.raw.s0")
+    try:
+        pub = await client(r)
+        stuck = await push_track(pub, stuck_name, layers=1)
+        flowing = await push_track(pub, flowing_name, layers=4, announce=False)
+        # aioquic on the subscriber side whatever the pair: it withholds credit per stream
+        # (a qh3 client that falls behind stops reading its whole socket instead, which
+        # would stall every subscription of that session at the subscriber's own end)
+        sub = await client(r, config=SessionConfig(receive_queue=2),
+                           settings=QuicSettings(backend="aioquic", max_stream_data=64 * 1024,
+                                                 max_data=8 << 20))
+        params = Params(location_filter=LocationFilter.next_object())
+        s_stuck = await asyncio.wait_for(sub.subscribe(ns, stuck_name.name, params), TIMEOUT)
+        s_flowing = await asyncio.wait_for(sub.subscribe(ns, flowing_name.name, params),
+                                           TIMEOUT)
+        # far more than the subscriber's stream window plus the relay's stream buffer
+        w = await stuck.served.open_subgroup(0, 0, 0)
+        for i in range(48):
+            await w.write_object(i, os.urandom(16 * 1024))
+        await wait_cached(r, stuck_name, Location(0, 47))
+        for g in range(4):
+            await flowing.group(g, group_payloads(g, 8, size=16 * 1024))
+        got: dict[Location, bytes] = {}
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in s_flowing:
+                if isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
+                    got[ev.location] = bytes(ev.payload)
+                    if len(got) == len(flowing.sent):
+                        break
+        assert got == flowing.sent
+        # ... while the unread subscription is still held back (the test did block it)
+        fwd = next(iter(r.relay.tracks[stuck_name].forwarders))
+        assert fwd.pending > 0 and fwd.objects_sent < 48
+        s_stuck.cancel()
     finally:
         await r.close()

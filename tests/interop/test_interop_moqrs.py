@@ -63,6 +63,17 @@ def moq_client(r: RunningRelay) -> Any:
                        reconnect=False)
 
 
+async def moq_track(mpub: Any, msub: Any, path: str) -> tuple[Any, Any, Any]:
+    """A moq-rs publisher's broadcast ``path`` with Track ``t0`` announced through the relay,
+    and a moq-rs subscription to it: (broadcast, its track producer, the track consumer)."""
+    bcast = mpub.create_broadcast(path)
+    track = bcast.publish_track("t0")
+    bcast.announce()
+    consumer = await asyncio.wait_for(msub.announced_broadcast(path), TIMEOUT)
+    tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+    return bcast, track, tc
+
+
 async def moq_groups(tc: Any) -> tuple[dict[int, list[bytes]], list[int]]:
     """Read a moq-rs TrackConsumer to its end: frames per group, and groups delivered twice."""
     groups: dict[int, list[bytes]] = {}
@@ -142,11 +153,7 @@ async def test_moqrs_frame_timestamps_survive_the_relay(tmp_path: Path) -> None:
     r = await relay_at(tmp_path)
     try:
         async with moq_client(r) as mpub, moq_client(r) as msub:
-            bcast = mpub.create_broadcast("iop/ts")
-            track = bcast.publish_track("t0")
-            bcast.announce()
-            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/ts"), TIMEOUT)
-            tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            _bcast, track, tc = await moq_track(mpub, msub, "iop/ts")  # kept alive
             sent = {0: [(b"a", 1234), (b"b", 5678)], 1: [(b"c", 99)]}
             for g in sorted(sent):
                 grp = track.append_group()
@@ -190,6 +197,7 @@ async def test_moqrs_late_subscriber_gets_the_current_group_then_live_once(
         else:
             await wait_cached(r, name, Location(1, 4))  # Group 1's End of Group
 
+        first = 2 if join == "mid_group" else 1  # L.Group when moq-rs joined
         async with moq_client(r) as msub:
             consumer = await asyncio.wait_for(msub.announced_broadcast("iop/late"), TIMEOUT)
             tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
@@ -198,24 +206,69 @@ async def test_moqrs_late_subscriber_gets_the_current_group_then_live_once(
                 for i in range(2, 4):
                     await w.write_object(i, payload[2, i])
                 await w.write_status(4, ObjectStatus.END_OF_GROUP, fin=True)
-            else:
+            # the current Group is complete for moq-rs while the Track goes on: at a Group
+            # boundary L is its End of Group, which the fill cannot carry; the relay says so
+            # on the live path (an empty END_OF_GROUP stream), not only with PUBLISH_DONE
+            groups = tc.groups_as_arrived().__aiter__()
+            async with asyncio.timeout(TIMEOUT):
+                grp = await groups.__anext__()
+                assert grp.sequence == first
+                current = [bytes(f.payload) async for f in grp]
+            assert current == [payload[first, i] for i in range(4)]
+            if join != "mid_group":
                 await track.group(2, [payload[2, i] for i in range(4)])
             await track.group(3, [payload[3, i] for i in range(4)])
             await track.end()
+            mgot = {first: current}
             async with asyncio.timeout(TIMEOUT):
-                mgot, again = await moq_groups(tc)
+                async for grp in groups:
+                    assert grp.sequence not in mgot
+                    mgot[grp.sequence] = [bytes(f.payload) async for f in grp]
         await pub.aclose()
     finally:
         await r.close()
 
-    first = 2 if join == "mid_group" else 1  # L.Group when moq-rs joined
-    assert again == []
     assert mgot == {g: [payload[g, i] for i in range(4)] for g in range(first, 4)}
     # the part of the current Group published before the join came from the relay's cache
     assert r.relay.counters.get("fill_objects_memory") == (2 if join == "mid_group" else 4)
 
 
-# -- 3. moq-rs fetching whole Groups the relay holds in LMDB ----------------------------------
+# -- 3. moq-rs fetching whole Groups ---------------------------------------------------------
+
+
+async def test_moqrs_fetches_groups_a_moqrs_publisher_pushed(tmp_path: Path) -> None:
+    """moq-rs ends its Groups with END_OF_GROUP + FIN, no End of Group Object. The relay
+    caches the End of Group that implies (§14.1), so FETCH_OK for "all of Group G" ends at
+    it (§7.10); {G, 2^64-1}, which the relay used to answer, makes moq-rs close with a
+    protocol violation. The publisher's Track Properties travel in FETCH_OK (§12) and
+    moq-rs takes them."""
+    sent = {g: [os.urandom(40 + g) for _ in range(3)] for g in range(3)}
+    r = await relay_at(tmp_path)
+    try:
+        async with moq_client(r) as mpub, moq_client(r) as msub:
+            _bcast, track, _tc = await moq_track(mpub, msub, "iop/pushed")  # kept alive
+            for g in sorted(sent):
+                grp = track.append_group()
+                for p in sent[g]:
+                    grp.write_frame(p)
+                grp.finish()
+            name = FullTrackName((b"iop", b"pushed"), b"t0")
+            await wait_cached(r, name, Location(2, 2))
+            assert {p.type for p in r.relay.tracks[name].properties} >= {0x08, 0x0E, 0x22}
+            async with moq_client(r) as mc:
+                fc = await asyncio.wait_for(mc.announced_broadcast("iop/pushed"), TIMEOUT)
+                got = {}
+                for g in (1, 0):
+                    grp = await asyncio.wait_for(fc.fetch_group("t0", g), TIMEOUT)
+                    async with asyncio.timeout(TIMEOUT):
+                        got[g] = [bytes(f.payload) async for f in grp]
+        assert got == {g: sent[g] for g in (1, 0)}
+        assert r.relay.counters.get("fetches") == 2
+    finally:
+        await r.close()
+
+
+# -- 4. moq-rs fetching whole Groups the relay holds in LMDB ----------------------------------
 
 
 async def _stored_track(data_dir: Path, name: FullTrackName, layers: int,
@@ -285,7 +338,7 @@ async def test_moqrs_fetches_from_lmdb_with_no_publisher(tmp_path: Path) -> None
         await r.close()
 
 
-# -- relay pulling history it lacks from a moq-rs publisher -----------------------------------
+# -- 5. relay pulling history it lacks from a moq-rs publisher --------------------------------
 
 
 async def test_kvcs_subscriber_fill_pulls_history_from_a_moqrs_publisher(

@@ -19,6 +19,8 @@ from relay.moqt import (
     resolve_fetch_range,
     resolve_subscription_range,
 )
+from relay.moqt.kvp import encode_kvps
+from relay.moqt.range_filter import ObjectFilter, override_filters
 
 L = Location(3, 40)
 P = ParameterType
@@ -96,6 +98,29 @@ def test_range_filter_combination() -> None:
     assert evaluate_range_filters((), subgroup_id=0, object_id=0, priority=0)
     cleared = (RangeFilter.clear(P.OBJECTID_FILTER),)
     assert evaluate_range_filters(cleared, subgroup_id=0, object_id=99, priority=0)
+
+
+def test_object_filter_bounds_object_ids_and_updates_replace_per_type() -> None:
+    ids = RangeFilter(P.OBJECTID_FILTER, 0, (Range(0, 3),))
+    ids1 = RangeFilter(P.OBJECTID_FILTER, 1, (Range(9, None),))
+    sub = RangeFilter(P.SUBGROUP_FILTER, 1, (Range(2, 2),))
+    assert ObjectFilter.of(()) is None
+    assert ObjectFilter.of((RangeFilter.clear(P.SUBGROUP_FILTER),)) is None
+    # every SetID group bounds the Object IDs: their union is what a walk need visit
+    both = ObjectFilter.of((ids, ids1, sub))
+    assert both is not None and both.object_ids() == [(0, 3), (9, None)]
+    # a SetID group without OBJECTID_FILTER may pass any Object ID: no bound
+    only_sub = ObjectFilter.of((ids, RangeFilter(P.SUBGROUP_FILTER, 2, (Range(1, 1),))))
+    assert only_sub is not None and only_sub.object_ids() is None
+    props = ObjectFilter.of((RangeFilter(P.OBJECT_PROPERTY_FILTER, 0, (Range(5, 6),), 0x3C),))
+    assert props is not None
+    assert props.passes(0, 1, 0, encode_kvps([(0x3C, 6)]))
+    assert not props.passes(0, 1, 0, encode_kvps([(0x3E, 6)]))
+    assert not props.passes(0, 1, 0, b"\xff")  # undecodable Properties match nothing
+    # REQUEST_UPDATE / FILL_PARAMETERS: a type given replaces it, zero length removes it
+    assert override_filters((ids, sub), (RangeFilter.clear(P.OBJECTID_FILTER),)) == (sub,)
+    assert override_filters((ids, sub), (ids1,)) == (sub, ids1)
+    assert override_filters((ids,), ()) == (ids,)
 
 
 def test_prefix_matching_and_overlap() -> None:

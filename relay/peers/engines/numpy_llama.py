@@ -4,6 +4,7 @@ PyTorch) and an independent implementation to check the transformers engine agai
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,7 @@ class NumpyEngine:
     name = "numpy"
 
     def __init__(self, model: Llama, *, model_id: str, revision: str,
-                 tokenizer: object | None = None, eos: int | None = None) -> None:
+                 tokenizer: Any = None, eos: int | None = None) -> None:
         self.model, self.model_id, self.revision = model, model_id, revision
         self._tokenizer = tokenizer
         c = model.config
@@ -56,7 +57,7 @@ class NumpyEngine:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok().decode(list(ids)))
 
-    def _tok(self):  # type: ignore[no-untyped-def]
+    def _tok(self) -> Any:
         if self._tokenizer is None:
             raise ValueError("this model has no tokenizer: give token IDs")
         return self._tokenizer

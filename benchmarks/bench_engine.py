@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._report import report
+from benchmarks._report import pyplot, report
 from benchmarks.bench_relay import _RelayProcess
 from relay.peers.connect import RelayAccess, connect
 from relay.peers.engines import Engine, load_engine
@@ -117,14 +117,9 @@ async def _length(engine: Engine, n: int, repeat: int) -> list[list[Any]]:
 
 
 def _plot(rows: list[list[Any]], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        print("(matplotlib is not installed: no plot; it is in the `bench` extra)")
+    plt = pyplot()
+    if plt is None:
         return
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(7, 4))
     for source, style in (("local prefill (baseline)", "k--o"), ("relay memory", "s-"),
                           ("relay LMDB", "^-")):
@@ -162,12 +157,12 @@ def main() -> None:
                   "float32 weights and KV cache)", "block_tokens": B, "tail_tokens": TAIL,
                   "quic_backend": BACKEND, "repeat": repeat,
                   "torch_threads": _threads(), "model_load_s": round(load_s, 1),
-                  "fetch_beats_local_from_cached_tokens": min(beats) if beats else None,
+                  "fetch_from_memory_beats_local_at_cached_tokens": beats,
                   "note": "ttft = fetch (discovery + FETCH + verification) + load (KVCS arrays "
                           "-> DynamicCache) + first decode step (the tail on top); local = "
                           "a full prefill of the prompt; medians; relay in its own process"})
-    print(f"fetching from the relay's memory beats recomputing from "
-          f"{min(beats) if beats else 'no measured'} cached tokens on")
+    print(f"fetching from the relay's memory beat recomputing at {beats or 'no'} cached tokens "
+          f"(of {lengths})")
     _plot(rows, out.with_suffix(".png"))
 
 

@@ -338,9 +338,11 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
     from .errors import NotFound
     from .subscriber import RetrieveOptions, retrieve
 
-    eng, load_ms = eo.load(engine, "smollm2", threads) if generate else (None, 0.0)
+    if generate:
+        eo.require(engine)  # a missing torch: exit 2 before anything else
     access = _access(relay, ca, insecure, connect_ms, token)
     desc: Descriptor = load_descriptor(descriptor)
+    eng, load_ms = eo.load(engine, "smollm2", threads) if generate else (None, 0.0)
     if eng is not None:
         eo.check(eng, desc)  # a cache for another model or K layout is refused up front
     store = KeyStore.from_directory(keys) if keys is not None else None
@@ -463,8 +465,9 @@ def prefill(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
         raise click.UsageError("give exactly one of --tokens and --text")
     if text is not None and model_name == "tiny":
         raise click.UsageError("--text needs --model smollm2")
-    eng, load_ms = eo.load(engine, model_name, threads)
+    eo.require(engine)  # a missing torch: exit 2 before anything else
     access = _access(relay, ca, insecure, connect_ms, token)
+    eng, load_ms = eo.load(engine, model_name, threads)
     desc = eng.descriptor(block_tokens)
     tok = load_tokens(tokens) if tokens is not None else eng.encode(text or "")
     if descriptor_out is not None:

@@ -4,6 +4,7 @@ so publish/subscribe/fetch without --generate never load PyTorch."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,13 +38,20 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def require(engine: str) -> None:
+    """EngineError (exit 2) at once if ``engine`` cannot be loaded (PyTorch missing)."""
+    from .engines import require as require_engine
+
+    require_engine(engine)
+
+
 def load(engine: str, model: str, threads: int | None) -> tuple[Any, float]:
     """The engine and how long loading it took (ms); one clear error if it cannot load."""
     from relay.model import ModelError
 
-    from .engines import load_engine, require
+    from .engines import load_engine
 
-    require(engine)  # a missing torch is exit 2 before anything else happens
+    require(engine)
     t0 = time.perf_counter()
     try:
         eng = load_engine(engine, model, threads=threads)
@@ -65,8 +73,15 @@ def producer_continuation(engine: Any, cache: Any, logits: np.ndarray, n: int
     from .engines import greedy
     from .engines.generate import text_of
 
-    tokens, _ = greedy(engine, cache, logits, n)
-    return {"engine": engine.name, "tokens": tokens, "text": text_of(engine, tokens)}
+    tokens, steps = greedy(engine, cache, logits, n)
+    return {"engine": engine.name, "tokens": tokens, "text": text_of(engine, tokens),
+            "logits_sha256": digests(steps)}
+
+
+def digests(steps: Sequence[np.ndarray]) -> list[str]:
+    """SHA-256 of each step's float32 logits: two processes compare them bit for bit."""
+    return [hashlib.sha256(np.ascontiguousarray(s, dtype=np.float32).tobytes()).hexdigest()
+            for s in steps]
 
 
 def consumer_continuation(engine: Any, prompt: Sequence[int], n: int, *,
@@ -75,7 +90,7 @@ def consumer_continuation(engine: Any, prompt: Sequence[int], n: int, *,
     from .engines.generate import continue_prompt
 
     c = continue_prompt(engine, prompt, n, k=k, v=v, fetch_ms=fetch_ms, local_prefill=timed)
-    return {"engine": engine.name, **c.to_json()}
+    return {"engine": engine.name, **c.to_json(), "logits_sha256": digests(c.logits)}
 
 
 def echo(doc: dict[str, Any], model_load_ms: float) -> None:

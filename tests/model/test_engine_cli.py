@@ -1,7 +1,7 @@
 """`kvcs prefill --engine transformers` and `kvcs subscribe --engine transformers --generate
-N` as subprocesses against a `kvcs relay` subprocess on 127.0.0.1: the consumer's
-continuation from the retrieved cache is the producer's own, and --report splits its time to
-first token (the same code serves `kvcs fetch`).
+N` against a `kvcs relay` subprocess on 127.0.0.1, the consumer in a process of its own: its
+continuation from the retrieved cache is the producer's own, bit for bit, and --report
+splits its time to first token (the same code serves `kvcs fetch`).
 Without PyTorch, --engine transformers is one line and exit 2."""
 
 from __future__ import annotations
@@ -16,46 +16,49 @@ import model_sys_path  # noqa: F401  (tests/peers on sys.path)
 import pytest
 from cli_harness import relay_process, run_kvcs
 from click.testing import CliRunner
-from engine_helpers import prompt
+from engine_helpers import hf, prompt
 from model_helpers import SCOPE_KEY
 
 from relay.kvcs.identifiers import write_scope_key
-from relay.model.smollm2 import load_smollm2, smollm2_descriptor
-from relay.peers.cli import fetch
+from relay.peers.cli import fetch, prefill
 from relay.peers.engines import load_engine
 
 TIMEOUT = 120.0  # a command loads the model (about 20 s alone, more on a busy machine)
 
 
 async def test_transformers_at_both_ends_of_the_commands(tmp_path: Path) -> None:
-    """prefill and subscribe start together (each loads its model meanwhile, about 20 s);
-    the subscriber retrieves live, or by FETCH if production is already over."""
+    """`kvcs subscribe` starts as its own process (it loads its model meanwhile, about
+    20 s); `kvcs prefill` runs in this process (its engine is the one the other tests
+    loaded), so the two are different processes: the subscriber retrieves live, or by FETCH
+    if production is already over, and its logits match the producer's by SHA-256."""
     key, toks, desc = tmp_path / "scope.key", tmp_path / "tokens.json", tmp_path / "desc.json"
     write_scope_key(key, SCOPE_KEY, hex_form=True)
     tokens = prompt(1, 53)  # 6 blocks of 8 in passes of 16, then 5 tokens
     toks.write_text(json.dumps(tokens))
     # the consumer's own descriptor; the producer's (--descriptor-out) must be the same
-    desc.write_bytes(smollm2_descriptor(load_smollm2().config, 8).canonical_json())
+    desc.write_bytes(hf().descriptor(8).canonical_json())
     prep, srep = tmp_path / "prefill.json", tmp_path / "subscribe.json"
     async with relay_process(tmp_path / "relay", TIMEOUT) as (url, ca):
-        relay = ("--relay", url, "--ca", str(ca), "--scope-key", str(key))
-        (pcode, pout, perr), (scode, sout, serr) = await asyncio.gather(
-            run_kvcs("prefill", *relay, "--engine", "transformers", "--tokens", str(toks),
-                     "--block-tokens", "8", "--chunk-blocks", "2", "--generate", "6",
-                     "--descriptor-out", str(tmp_path / "prod.json"), "--report", str(prep),
-                     timeout=TIMEOUT),
-            run_kvcs("subscribe", *relay, "--engine", "transformers", "--descriptor",
-                     str(desc), "--tokens", str(toks), "--wait-ms", str(TIMEOUT * 1000),
-                     "--generate", "6", "--report", str(srep), timeout=TIMEOUT))
-    assert pcode == 0, perr
+        relay = ["--relay", url, "--ca", str(ca), "--scope-key", str(key)]
+        consumer = asyncio.ensure_future(run_kvcs(
+            "subscribe", *relay, "--engine", "transformers", "--descriptor", str(desc),
+            "--tokens", str(toks), "--wait-ms", str(TIMEOUT * 1000), "--generate", "6",
+            "--report", str(srep), timeout=TIMEOUT))
+        producer = await asyncio.wait_for(asyncio.to_thread(CliRunner().invoke, prefill, [
+            *relay, "--engine", "transformers", "--tokens", str(toks), "--block-tokens", "8",
+            "--chunk-blocks", "2", "--generate", "6", "--descriptor-out",
+            str(tmp_path / "prod.json"), "--report", str(prep)]), TIMEOUT)
+        scode, sout, serr = await consumer
+    assert producer.exit_code == 0, producer.output
     assert scode == 0, serr
     assert (tmp_path / "prod.json").read_bytes().strip() == desc.read_bytes()
-    ns, produced_text = pout.split("\n", 1)
-    assert ns.startswith("kvcs-1/") and "3 segment(s) x 30 layers" in perr
+    ns, produced_text = producer.stdout.split("\n", 1)
+    assert ns.startswith("kvcs-1/") and "3 segment(s) x 30 layers" in producer.stderr
     produced = json.loads(prep.read_text())["generation"]
     assert len(produced["tokens"]) == 6 and produced["engine"] == "transformers"
     gen = json.loads(srep.read_text())["generation"]
     assert gen["tokens"] == produced["tokens"] and sout == produced_text
+    assert gen["logits_sha256"] == produced["logits_sha256"]  # bit for bit, 6 steps
     assert (gen["reused_tokens"], gen["computed_tokens"]) == (48, 5)
     assert gen["local_first_token"] == gen["tokens"][0]
     for name in ("fetch_ms", "load_ms", "first_decode_ms", "local_prefill_ms",

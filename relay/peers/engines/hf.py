@@ -42,6 +42,7 @@ INSTALL_HINT = ("install PyTorch's CPU build and transformers with `make install
 
 def _imports() -> tuple[Any, Any]:
     try:
+        import accelerate  # noqa: F401  (transformers' GGUF loader needs it)
         import torch
         import transformers
     except ImportError as e:

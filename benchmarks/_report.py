@@ -37,6 +37,20 @@ def report(name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
     return out
 
 
+def pyplot() -> Any:
+    """matplotlib.pyplot drawing to files only, or None (with a note) when the `bench` extra
+    is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("(matplotlib is not installed: no plot; it is in the `bench` extra)")
+        return None
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks._report import report
+from benchmarks._report import pyplot, report
 from benchmarks.bench_relay import _RelayProcess
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
@@ -139,14 +139,9 @@ def _usable(rep: dict[str, Any], shift_ms: float) -> list[float | None]:
 
 
 def _plot(series: dict[str, list[float | None]], path: Path, layer_ms: float) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        print("(matplotlib is not installed: no plot; it is in the `bench` extra)")
+    plt = pyplot()
+    if plt is None:
         return
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(7, 4))
     styles = {"production": ("k--", "layer produced (handed to QUIC)"),
               "live": ("o-", "usable, live (from start of production)"),

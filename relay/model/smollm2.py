@@ -75,15 +75,25 @@ def decimal(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
+# How K is cached: after RoPE, with the rotate-half pairing (dimension i rotates with
+# i + head_dim/2), as Hugging Face transformers and vLLM cache Llama keys. llama.cpp's GGUF
+# weights pair (2i, 2i+1) instead ("rope-interleaved"): a cache in one layout is garbage to an
+# engine expecting the other, so the descriptor (and so the Compatibility ID) says which.
+K_LAYOUT = "rope-rotate-half"
+
+
 def model_descriptor(config: LlamaConfig, *, model: str, revision: str,
-                     block_tokens: int = 16) -> Descriptor:
+                     block_tokens: int = 16, k_layout: str = K_LAYOUT) -> Descriptor:
     """The Compatibility Descriptor of a model's float32 KV cache (the cache is published in
-    the float32 it is computed in, which keeps a retrieved cache bit-identical)."""
+    the float32 it is computed in, which keeps a retrieved cache bit-identical). Every engine
+    running these weights describes its cache with this one function, so their caches share
+    a Compatibility ID."""
     return make_descriptor(model=model, revision=revision, layers=config.layers,
                            kv_heads=config.kv_heads, head_dim=config.head_dim,
                            dtype="float32", block_tokens=block_tokens,
                            position={"type": "rope", "theta": decimal(config.rope_theta),
-                                     "scaling": "none"})
+                                     "scaling": "none"},
+                           extra={"k_layout": k_layout})
 
 
 def smollm2_descriptor(config: LlamaConfig, block_tokens: int = 16) -> Descriptor:

@@ -18,4 +18,7 @@ Modules, one concept each:
                   deadline (5.4)
 - ``report``      the JSON report
 - ``cli``         the click commands
+- ``engines``     inference engines behind ``kvcs prefill`` and ``--generate`` (numpy,
+                  transformers), imported only when asked for; ``engine_options`` their
+                  command-line options
 """

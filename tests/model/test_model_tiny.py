@@ -14,7 +14,8 @@ from model_helpers import SCOPE_KEY, TIMEOUT, access, fetch_back, relay_at
 from relay.model.gguf_load import unpermute_rope
 from relay.model.llama import KVCache, apply_rope, rope_tables, tiny_llama
 from relay.model.smollm2 import model_descriptor
-from relay.model.streaming import prefill_and_publish
+from relay.peers.engines.numpy_llama import NumpyEngine
+from relay.peers.engines.streaming import prefill_and_publish
 from relay.peers.publisher import PublishOptions
 
 B = 4
@@ -94,8 +95,9 @@ async def test_streamed_prefill_publishes_early_and_is_retrieved_bit_for_bit(
 
     r = await relay_at(tmp_path)
     try:
+        engine = NumpyEngine(m, model_id="kvcs-test/tiny-llama", revision="seed-5")
         res = await asyncio.wait_for(prefill_and_publish(
-            m, d, SCOPE_KEY, toks, access(r), chunk_blocks=2,
+            engine, d, SCOPE_KEY, toks, access(r), chunk_blocks=2,
             options=PublishOptions(on_layer=on_layer), after_layer=after_layer), TIMEOUT)
         assert gate_open == [True]
         assert res.published_at[(0, 0)] < res.computed_at[(0, layers - 1)]

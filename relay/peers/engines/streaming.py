@@ -1,13 +1,13 @@
-"""Prefill with a model and publish each layer as soon as it is computed (the layer
+"""Prefill with an engine and publish each layer as soon as it is computed (the layer
 pipelining KVCS exists for).
 
-The model runs in a worker thread, pass by pass (one pass per segment, plus a last pass for
-the trailing partial block, which is computed but not published), and writes each layer's
-K/V into preallocated arrays. ``StreamingPlan`` is a PublicationPlan over those arrays whose
-payloads wait until their (segment, layer) is computed, so publish_plan, unchanged, sends
-layer g while the model computes layer g+1. The publisher's on_layer hook waits
-(asynchronously) for the layer after next, so the event loop keeps sending while the model
-computes; the plan's own wait (blocking) is only a fallback.
+The engine runs in a worker thread, pass by pass (one pass per segment, plus a last pass for
+the trailing partial block, which is computed but not published), and its per-layer hook
+writes each layer's K/V into preallocated arrays. ``StreamingPlan`` is a PublicationPlan
+over those arrays whose payloads wait until their (segment, layer) is computed, so
+publish_plan, unchanged, sends layer g while the engine computes layer g+1. The publisher's
+on_layer hook waits (asynchronously) for the layer after next, so the event loop keeps
+sending while the engine computes; the plan's own wait (blocking) is only a fallback.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import numpy as np
 
 from relay.kvcs.descriptor import Descriptor
 from relay.kvcs.plan import PublicationPlan, TrackSpec
-from relay.peers.connect import RelayAccess
-from relay.peers.publisher import PublishOptions, PublishSummary, publish_plan
 
-from .llama import KVCache, Llama
+from ..connect import RelayAccess
+from ..publisher import PublishOptions, PublishSummary, publish_plan
+from .base import Engine, check_descriptor
 
 LAYER_WAIT = 300.0  # seconds a payload may wait for its layer before the publication fails
 
@@ -82,7 +82,7 @@ class StreamingPlan(PublicationPlan):
 class PrefillResult:
     summary: PublishSummary
     plan: StreamingPlan
-    cache: KVCache  # the whole prompt, including the unpublished partial block
+    cache: Any  # the engine's, of the whole prompt, including the unpublished partial block
     logits: np.ndarray  # of the prompt's last token
     computed_at: dict[tuple[int, int], float] = field(default_factory=dict)
     published_at: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -97,33 +97,40 @@ def segment_blocks(full_blocks: int, chunk_blocks: int | None) -> list[int]:
     return sizes
 
 
-def _compute(model: Llama, tokens: np.ndarray, k: np.ndarray, v: np.ndarray,
-             passes: list[tuple[int, int]], feed: LayerFeed, cache: KVCache,
+class _Stopped(Exception):
+    """The publication ended: the engine's pass is abandoned at its next layer."""
+
+
+def _compute(engine: Engine, tokens: np.ndarray, k: np.ndarray, v: np.ndarray,
+             passes: list[tuple[int, int]], feed: LayerFeed, cache: Any,
              after_layer: Callable[[int, int], None] | None) -> np.ndarray:
     published = k.shape[2]
     logits = np.empty(0, dtype=np.float32)
     try:
         for p, (a, b) in enumerate(passes):
-            run = model.prefill(tokens[a:b], cache)
-            for layer, kn, vn in run:
+            end = min(b, published)
+
+            def on_layer(layer: int, kn: np.ndarray, vn: np.ndarray,
+                         p: int = p, a: int = a, end: int = end) -> None:
                 if feed.error is not None:
-                    return logits  # the publication is over: stop computing for it
-                end = min(b, published)
+                    raise _Stopped
                 if a < end:
                     k[layer, :, a:end] = kn[:, :end - a]
                     v[layer, :, a:end] = vn[:, :end - a]
                     feed.put(p, layer)
                 if after_layer is not None:
                     after_layer(p, layer)
-            assert run.logits is not None
-            logits = run.logits
+
+            logits = engine.run([int(t) for t in tokens[a:b]], cache, on_layer)
+    except _Stopped:
+        return logits  # the publication is over: nothing more to compute for it
     except BaseException as e:
         feed.fail(e)
         raise
     return logits
 
 
-async def prefill_and_publish(model: Llama, descriptor: Descriptor, scope_key: bytes,
+async def prefill_and_publish(engine: Engine, descriptor: Descriptor, scope_key: bytes,
                               tokens: Sequence[int], access: RelayAccess, *,
                               chunk_blocks: int | None = None,
                               options: PublishOptions | None = None,
@@ -135,10 +142,7 @@ async def prefill_and_publish(model: Llama, descriptor: Descriptor, scope_key: b
     ``after_layer(pass, layer)`` runs in the compute thread after each layer (tests use it
     to observe or gate the computation)."""
     d = descriptor
-    c = model.config
-    if (d.layers, d.kv_heads, d.head_dim, d.dtype_name) != \
-            (c.layers, c.kv_heads, c.head_dim, "float32"):
-        raise ValueError("the descriptor does not describe this model's float32 KV cache")
+    check_descriptor(engine, d)
     toks = np.asarray(tokens, dtype=np.int64)
     B = d.block_tokens
     full = len(toks) // B
@@ -155,9 +159,9 @@ async def prefill_and_publish(model: Llama, descriptor: Descriptor, scope_key: b
             passes.append((full * B, len(toks)))
         else:
             passes[-1] = (0, len(toks))  # one pass: the partial block rides along
-    shape = (c.layers, c.kv_heads, full * B, c.head_dim)
+    shape = (engine.layers, engine.kv_heads, full * B, engine.head_dim)
     k, v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-    feed = LayerFeed(len(sizes), c.layers)
+    feed = LayerFeed(len(sizes), engine.layers)
     plan = StreamingPlan(k, v, d, scope_key, [int(t) for t in toks], feed,
                          segment_blocks=sizes, **plan_kw)
     opts = options or PublishOptions()
@@ -174,9 +178,9 @@ async def prefill_and_publish(model: Llama, descriptor: Descriptor, scope_key: b
         # event loop stays free to send, rather than in the plan, where it would block.
         await feed.wait_async(feed.index(segment, layer) + 2)
 
-    cache = KVCache()
+    cache = engine.new_cache()
     compute = asyncio.ensure_future(asyncio.to_thread(
-        _compute, model, toks, k, v, passes, feed, cache, after_layer))
+        _compute, engine, toks, k, v, passes, feed, cache, after_layer))
     try:
         summary = await publish_plan(plan, access, replace(opts, on_layer=on_layer))
         logits = await compute

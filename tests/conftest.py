@@ -1,7 +1,11 @@
-"""Suite-wide: the QUIC backend matrix (tests/backends.py)."""
+"""Suite-wide: the QUIC backend matrix (tests/backends.py), and a fresh folder for the
+transformers engine's converted weights."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +19,14 @@ from backends import ALL, SAME, use_backends
 _SUITES = {"transport": ALL, "session": ALL, "core": SAME, "ops": SAME, "interop": SAME,
            "e2e": SAME}
 _MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Every run converts the GGUF file once (the first in-process load) and the commands the
+    # tests start read that copy: a user's own cache never stands in for the conversion.
+    folder = tempfile.mkdtemp(prefix="kvcs-model-cache-")
+    os.environ["KVCS_MODEL_CACHE"] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def _pairs(path: Path) -> dict[str, tuple[str, str]] | None:

@@ -132,3 +132,24 @@ def test_a_whole_prompt_in_the_cache_recomputes_its_last_token() -> None:
     assert c.tokens[0] == int(np.argmax(logits)) == c.local_first_token
     np.testing.assert_allclose(c.logits[0], logits, atol=1e-3)
     assert c.timings_ms["local_prefill_ms"] > 0 and c.timings_ms["ttft_ms"] > 0
+
+
+def test_converted_weights_are_the_gguf_loaders_bit_for_bit() -> None:
+    """This process loaded the model from the GGUF file (tests/conftest.py gives each run a
+    fresh cache folder) and kept a converted copy; a load from the copy, as every later
+    process makes, has the same tensors bit for bit."""
+    import torch
+    import transformers
+
+    from relay.peers.engines.hf import _load_model, weights_cache_dir
+
+    engine = hf()
+    folder = weights_cache_dir(transformers.__version__)
+    assert folder is not None and (folder / "model.safetensors").is_file()
+    engine.encode("warm")  # the tokenizer is kept beside the weights on first use
+    assert (folder / "tokenizer" / "tokenizer_config.json").is_file()
+    copy, _ = _load_model(torch, transformers)
+    ours = engine.model.state_dict()  # type: ignore[attr-defined]
+    theirs = copy.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)

@@ -23,9 +23,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import logging
 import os
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -131,13 +135,21 @@ class TransformersEngine:
         return str(self._tokenizer().decode(list(ids)))
 
     def _tokenizer(self) -> Any:
-        """transformers' tokenizer from the same GGUF, loaded on first use (about 4 s)."""
+        """transformers' tokenizer from the same GGUF (about 4 s), or from the converted
+        copy beside the weights (kept after the first GGUF load), on first use."""
         if self._tok is None:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer, __version__
 
-            folder, name = self._tokenizer_source
-            self._tok = AutoTokenizer.from_pretrained(folder, gguf_file=name,
-                                                      local_files_only=True)
+            cached = weights_cache_dir(__version__)
+            kept = cached / "tokenizer" if cached is not None else None
+            if kept is not None and (kept / "tokenizer_config.json").is_file():
+                self._tok = AutoTokenizer.from_pretrained(kept, local_files_only=True)
+            else:
+                folder, name = self._tokenizer_source
+                self._tok = AutoTokenizer.from_pretrained(folder, gguf_file=name,
+                                                          local_files_only=True)
+                if kept is not None and cached is not None and cached.is_dir():
+                    _keep_as(kept, self._tok.save_pretrained)
         return self._tok
 
 
@@ -166,22 +178,97 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+# Where the converted weights are kept between processes; "off" converts every time.
+CACHE_ENV = "KVCS_MODEL_CACHE"
+log = logging.getLogger("kvcs.engine")
+
+
+def weights_cache_dir(transformers_version: str) -> Path | None:
+    """The folder of the float32 weights converted from the verified GGUF file: named by the
+    file's SHA-256 and the transformers version that converted it, so another file or
+    converter never reads a stale copy. It is trusted as the virtualenv is (local files of
+    the user's); the GGUF file itself is checked against its SHA-256 on every load."""
+    root = os.environ.get(CACHE_ENV)
+    if root == "off":
+        return None
+    if not root:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                            os.path.join(os.path.expanduser("~"), ".cache"), "kvcs")
+    return Path(root) / f"smollm2-{GGUF_SHA256[:16]}-float32-transformers{transformers_version}"
+
+
+def _load_model(torch: Any, transformers: Any) -> tuple[Any, tuple[str, str]]:
+    """The model, from the converted copy if there is one (about 0.5 s), else by
+    transformers' GGUF loader (about 20 s: it parses the file twice and dequantizes every
+    tensor), keeping a converted copy for the next process. The copy holds the loader's
+    float32 tensors as they are, so both ways give the same bits (tests/model)."""
+    path = verified_gguf_path()
+    folder, name = os.fspath(path.parent), path.name
+    cached = weights_cache_dir(transformers.__version__)
+    if cached is not None and (cached / "model.safetensors").is_file():
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                cached, dtype=torch.float32, local_files_only=True)
+            # The tensors are views of the memory-mapped file, at offsets that select other
+            # CPU kernels than the GGUF loader's fresh allocations: same weights, different
+            # low bits in the logits. Fresh copies compute exactly as the GGUF load does
+            # (tests/model compares the two processes' logits by SHA-256).
+            with torch.no_grad():
+                for p in model.parameters():  # tied weights are one parameter: still tied
+                    p.data = p.data.clone()
+            return model, (folder, name)
+        except (OSError, ValueError) as e:  # a damaged copy: convert again
+            log.warning("ignoring the converted weights in %s: %s", cached, e)
+    # Its GGUF converter draws a tqdm bar on stderr that no setting turns off.
+    with contextlib.redirect_stderr(io.StringIO()):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32, local_files_only=True)
+    if cached is not None:
+        _keep(model, cached)
+    return model, (folder, name)
+
+
+def _keep(model: Any, folder: Path) -> None:
+    """transformers refuses to save a model it loaded from GGUF (it counts as quantized), so
+    the tensors and the config go out by hand."""
+    from safetensors.torch import save_model
+
+    def write(tmp: str) -> None:
+        save_model(model, os.path.join(tmp, "model.safetensors"))  # tied weights once
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        Path(tmp, "config.json").write_text(json.dumps(config))
+
+    _keep_as(folder, write)
+
+
+def _keep_as(folder: Path, write: Callable[[str], object]) -> None:
+    """``write`` into a fresh folder beside ``folder``, then rename it into place: a reader
+    sees a whole copy or none, and of two processes converting at once one copy wins."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=folder.parent, prefix=".converting-")
+        try:
+            write(tmp)
+            os.replace(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:  # a cache is an optimisation: a full disk only costs time
+        if not folder.is_dir():
+            log.warning("could not keep the converted copy in %s: %s", folder, e)
+
+
 @functools.lru_cache(maxsize=1)
 def load_transformers() -> TransformersEngine:
-    """SmolLM2 by transformers' GGUF loader, float32 on the CPU, once per process (about
-    20 s: transformers parses the GGUF twice and dequantizes every tensor)."""
+    """SmolLM2 on transformers, float32 on the CPU, once per process."""
     torch, transformers = _imports()
     # The loader's progress bars and notices are not the command's output.
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    path = verified_gguf_path()
-    folder, name = os.fspath(path.parent), path.name
-    # Its GGUF converter draws a tqdm bar on stderr that no setting turns off.
-    with contextlib.redirect_stderr(io.StringIO()):
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=name, dtype=torch.float32, local_files_only=True)
+    model, tokenizer_source = _load_model(torch, transformers)
     model.eval()
     if model.config.model_type != "llama":
-        raise EngineError(f"{name} is a {model.config.model_type!r} model, not llama")
-    return TransformersEngine(model, (folder, name))
+        raise EngineError(f"{tokenizer_source[1]} is a {model.config.model_type!r} model, "
+                          "not llama")
+    return TransformersEngine(model, tokenizer_source)

@@ -37,7 +37,13 @@ from relay.session import (
 )
 from relay.session.errors import SessionFailure
 from relay.transport import Connection, TransportError
-from storage.interface import OBJECT_MAX, IncompleteTrackError, StorageFullError, StoredObject
+from storage.interface import (
+    OBJECT_MAX,
+    IncompleteTrackError,
+    StorageFullError,
+    StoredObject,
+    TrackTooLargeError,
+)
 from storage.tiered import TieredStore
 
 from .auth import Authorizer
@@ -227,17 +233,19 @@ class Relay:
         del self.tracks[track.full_name]
         self.store.memory.set_cache_duration(track.key, None)
 
-    async def _commit(self, track: RelayTrack) -> None:
-        """Persist a complete Track to LMDB, off the event loop, one commit at a time."""
+    async def _commit(self, track: RelayTrack) -> bool:
+        """Persist a complete Track to LMDB, on the store's writer thread, one commit at a
+        time. Returns True when LMDB could not take it *now* (full map or disk, read
+        sessions in the way of a resize): the Track asks again later (``RelayTrack``)."""
         durable = self.store.durable
         if durable is None:
-            return
+            return False
         async with self._commit_lock:
             if track.committed:
-                return
+                return False
             groups = self.store.memory.complete_track(track.key)
             if groups is None:
-                return  # a gap, or aborted: never persisted
+                return False  # a gap, aborted, or no longer whole in memory: never persisted
             # MAX_CACHE_DURATION (§12) counts from when the Objects arrived, not from the
             # commit: the oldest Group's time bounds the whole Track in LMDB
             expires_at = None
@@ -246,17 +254,21 @@ class Relay:
             if duration is not None and first is not None:
                 expires_at = first + duration
                 if expires_at <= self._clock():
-                    return  # already too old to be served: not worth a write
+                    return False  # already too old to be served: not worth a write
             try:
-                n = await asyncio.to_thread(durable.commit_track, track.key, groups,
-                                            properties=encode_kvps(track.properties),
-                                            expires_at=expires_at)
-            except StorageFullError as e:
-                log.warning("LMDB full, %r stays in memory only: %s", track, e)
+                n = await asyncio.wrap_future(durable.submit(
+                    durable.commit_track, track.key, groups,
+                    properties=encode_kvps(track.properties), expires_at=expires_at))
+            except TrackTooLargeError as e:
+                log.warning("%r stays in memory only: %s", track, e)
                 self.counters.inc("lmdb_full")
-                return
+                return False
+            except StorageFullError as e:
+                log.warning("LMDB cannot take %r now, retrying: %s", track, e)
+                self.counters.inc("lmdb_full")
+                return True
             except IncompleteTrackError:
-                return
+                return False
             track.committed = True
             self._announce_cached(track.full_name.namespace)
             if durable.evicted_tracks != self._evictions_seen:
@@ -270,6 +282,7 @@ class Relay:
             if n:  # 0: another worker had committed it already (docs/workers.md)
                 self.counters.inc("lmdb_committed_tracks")
                 self.counters.inc("lmdb_committed_bytes", n)
+            return False
 
     async def _withdraw_unheld(self) -> None:
         """Namespaces LMDB no longer holds any Track of are done (NAMESPACE_DONE, unless a
@@ -277,7 +290,8 @@ class Relay:
         durable = self.store.durable
         if durable is None:
             return
-        held = {tuple(ns) for ns, _ in await asyncio.to_thread(durable.tracks)}
+        # on the writer thread: after the write that evicted, and off the event loop
+        held = {tuple(ns) for ns, _ in await asyncio.wrap_future(durable.submit(durable.tracks))}
         for ns in [ns for ns in self._cached_ns if ns not in held]:
             self.namespaces.remove_publisher(self._cached_ns.pop(ns))
 
@@ -314,11 +328,11 @@ class Relay:
         self._expiry_at = self._expiry_timer = None
         if durable is None:
             return 0
-        removed = await asyncio.to_thread(durable.expire)
+        removed = await asyncio.wrap_future(durable.submit(durable.expire))
         if removed:
             self.counters.inc("lmdb_expired_tracks", removed)
             await self._withdraw_unheld()
-        self._arm_expiry(await asyncio.to_thread(durable.next_expiry))
+        self._arm_expiry(await asyncio.wrap_future(durable.submit(durable.next_expiry)))
         return removed
 
     async def wait_committed(self, name: FullTrackName, timeout: float = 10.0) -> bool:
@@ -592,6 +606,14 @@ class Relay:
         if self._expiry_task is not None and not self._expiry_task.done():
             # let a purge in its thread finish before the store closes under it
             await asyncio.wait({self._expiry_task}, timeout=5.0)
+        # commits still pending (waiting to retry, after the drain): a write the writer
+        # thread has begun finishes anyway before the store closes (LmdbStore.close)
+        pending = [t._commit_task for t in self.tracks.values()
+                   if t._commit_task is not None and not t._commit_task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
         for s in list(self.sessions):
             s.close(SessionErrorCode.NO_ERROR, "relay shutting down")
         if self.upstream is not None:

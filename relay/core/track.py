@@ -60,6 +60,14 @@ _PASS_THROUGH = {PublishDoneCode.TRACK_ENDED, PublishDoneCode.MALFORMED_TRACK}
 
 UpstreamFetch = Callable[["RelayTrack", Location, Location], Awaitable[bool]]
 
+# Bytes of Objects read from the store in one step of a walk before they are written: LMDB
+# views cannot outlive the step, so the LMDB-held ones among them are copied.
+READ_BATCH = 256 * 1024
+
+# Pauses between attempts of a commit LMDB could not take (seconds, doubling up to the max).
+COMMIT_RETRY_FIRST = 0.05
+COMMIT_RETRY_MAX = 5.0
+
 
 Spans = list[tuple[Location, Location]]
 
@@ -137,7 +145,7 @@ class ServeStats:
 
 class RelayTrack:
     def __init__(self, full_name: FullTrackName, store: TieredStore,
-                 on_commit: Callable[[RelayTrack], Awaitable[None]] | None = None) -> None:
+                 on_commit: Callable[[RelayTrack], Awaitable[bool]] | None = None) -> None:
         self.full_name = full_name
         self.key: TrackKey = (tuple(full_name.namespace), bytes(full_name.name))
         self.store = store
@@ -331,9 +339,15 @@ class RelayTrack:
         self._commit_task = asyncio.ensure_future(self._commit())
 
     async def _commit(self) -> None:
+        """Commit until it is done or can never be: a commit LMDB cannot take now is
+        retried after a growing pause (the Track stays served from memory meanwhile)."""
+        pause = COMMIT_RETRY_FIRST
         while self._on_commit is not None and not self.committed:
             self._commit_again = False
-            await self._on_commit(self)
+            if await self._on_commit(self):
+                await asyncio.sleep(pause)  # a back-off timer, nothing to wait for
+                pause = min(pause * 2, COMMIT_RETRY_MAX)
+                continue
             if not self._commit_again:
                 break
         self._bump()  # wake whoever waits for the commit
@@ -415,7 +429,37 @@ class RelayTrack:
                            id_ranges: list[tuple[int, int | None]] | None,
                            flt: ObjectFilter | None, stats: ServeStats,
                            last_group: int | None) -> tuple[Span | None, int | None, int | None]:
-        """Write Group ``g`` from ``cursor`` to ``hi``; stop at the first unknown span."""
+        """Write Group ``g`` from ``cursor`` to ``hi``; stop at the first unknown span.
+
+        No read session stays open across a write (a stalled consumer would keep LMDB from
+        growing its map, storage/lmdb_store.py): each batch is read in one synchronous step,
+        with the LMDB-held payloads in it copied out (memory-tier ones are kept as they
+        are), then written."""
+        while True:
+            batch, span, nxt = self._read_batch(g, cursor, hi, id_ranges, flt)
+            for tier, item in batch:
+                sub = None if item.datagram else item.subgroup
+                props = bytes(item.properties) if item.properties else None
+                await writer.write_object(item.group, sub, item.object_id, item.priority,
+                                          item.payload, properties=props)
+                stats.objects += 1
+                stats.bytes += len(item.payload)
+                stats.by_tier[tier] = stats.by_tier.get(tier, 0) + 1
+                last_group = g
+            if span is not None:
+                return span, span.start.object, last_group
+            if nxt is None:
+                return None, None, last_group
+            cursor = nxt
+
+    def _read_batch(self, g: int, cursor: int, hi: int,
+                    id_ranges: list[tuple[int, int | None]] | None, flt: ObjectFilter | None
+                    ) -> tuple[list[tuple[Tier, StoredObject]], Span | None, int | None]:
+        """The Objects of Group ``g`` from ``cursor`` to write next (about ``READ_BATCH``
+        bytes), safe to keep once the read session is closed; then the unknown span that
+        stops the walk, or the Object ID to read on from (None: the Group is done)."""
+        out: list[tuple[Tier, StoredObject]] = []
+        size = 0
         with self.store.reader() as r:
             for tier, item in r.walk(self.key, StoreLocation(g, cursor),
                                      StoreLocation(g, hi), StoreOrder.ASCENDING, id_ranges):
@@ -426,21 +470,18 @@ class RelayTrack:
                         Span(item.kind, Location(*item.start), Location(*item.end)))
                     if sp is None:
                         continue
-                    return sp, sp.start.object, last_group
+                    return out, sp, None
                 if item.status != ObjectStatus.NORMAL:
                     continue
                 sub = None if item.datagram else item.subgroup
                 if flt is not None and not flt.passes(sub, item.object_id, item.priority,
                                                       item.properties):
                     continue
-                props = bytes(item.properties) if item.properties else None
-                await writer.write_object(item.group, sub, item.object_id, item.priority,
-                                          item.payload, properties=props)
-                stats.objects += 1
-                stats.bytes += len(item.payload)
-                stats.by_tier[tier] = stats.by_tier.get(tier, 0) + 1
-                last_group = g
-        return None, None, last_group
+                if size >= READ_BATCH:
+                    return out, None, item.object_id
+                out.append((tier, item.copy() if tier == Tier.LMDB else item))
+                size += item.nbytes
+        return out, None, None
 
     async def _resolve(self, span: Span, deadline: float, upstream_fetch: UpstreamFetch | None,
                        stats: ServeStats, in_flight_wait: float) -> bool:

@@ -16,6 +16,7 @@ from storage.interface import (
     StorageError,
     StorageFullError,
     StoredObject,
+    TrackTooLargeError,
 )
 from storage.lmdb_store import LmdbStore
 
@@ -184,17 +185,68 @@ def test_map_grows_then_evicts_then_reports_full(tmp_path: Path) -> None:
     store.close()
 
 
-def test_map_does_not_grow_under_open_readers(tmp_path: Path) -> None:
+def test_map_grows_only_once_no_read_session_is_open(tmp_path: Path) -> None:
+    """A session held past ``resize_wait`` (here by the committing thread itself) makes a
+    commit that needs a larger map fail, retryably, and leaves its views intact; once the
+    session is closed the same commit grows the map."""
     store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=4 << 20,
-                      initial_map_size=128 * KiB)
+                      initial_map_size=128 * KiB, resize_wait=0.05)
     store.commit_track(track_key(0), full_track([1]))
     with store.session() as s:
         view = s.group(track_key(0), 0)
         assert view is not None
-        with pytest.raises(StorageFullError, match="read sessions"):
+        with pytest.raises(StorageFullError, match="read sessions") as refused:
             store.commit_track(track_key(1), full_track([16], size=32 * KiB))
+        assert not isinstance(refused.value, TrackTooLargeError)  # worth a retry
         assert bytes(next(view.objects()).payload) == bytes(full_track([1])[0][0].payload)
+        assert store.stats()["map_size"] == 128 * KiB
     store.commit_track(track_key(1), full_track([16], size=32 * KiB))  # now it may grow
+    assert store.stats()["map_size"] > 128 * KiB
+    store.close()
+
+
+def test_a_resize_waits_for_a_read_session_on_another_thread(tmp_path: Path) -> None:
+    """The writer thread owns the resize: it waits for the session another thread holds,
+    and new sessions wait for the resize, so no view ever points into an unmapped map."""
+    store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=4 << 20,
+                      initial_map_size=128 * KiB, resize_wait=30.0)
+    store.commit_track(track_key(0), full_track([1]))
+    expected = bytes(full_track([1])[0][0].payload)
+    with store.session() as s:
+        view = s.group(track_key(0), 0)
+        assert view is not None
+        commit = store.submit(store.commit_track, track_key(1),
+                              full_track([16], size=32 * KiB))
+        with store._gate._cond:  # the writer is now waiting for this session to close
+            assert store._gate._cond.wait_for(lambda: store._gate.resizing, 10.0)
+        assert not commit.done()
+        assert bytes(next(view.objects()).payload) == expected
+    assert commit.result(10.0) > 0
+    assert store.stats()["map_size"] > 128 * KiB
+    assert _stored(store, track_key(1)) == describe(flat(full_track([16], size=32 * KiB)))
+    store.close()
+
+
+def test_every_write_runs_on_the_one_writer_thread(tmp_path: Path) -> None:
+    """Writes called from any thread are performed by the writer thread, one at a time."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=16 << 20,
+                      initial_map_size=128 * KiB)
+    seen: set[int] = set()
+    real = store._writing
+
+    def spy():  # type: ignore[no-untyped-def]
+        seen.add(threading.get_ident())
+        return real()
+
+    store._writing = spy  # type: ignore[method-assign]
+    with ThreadPoolExecutor(4) as pool:
+        sizes = list(pool.map(lambda i: store.commit_track(
+            track_key(i), full_track([8], size=16 * KiB, salt=i)), range(8)))
+    assert all(sizes) and len(store.tracks()) == 8
+    assert seen == {store._writer_ident} and store._writer_ident != threading.get_ident()
     store.close()
 
 

@@ -9,7 +9,13 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from relay.moqt.codes import GroupOrder, LocationFilterType, ObjectStatus, RequestErrorCode
+from relay.moqt.codes import (
+    GroupOrder,
+    LocationFilterType,
+    ObjectStatus,
+    PropertyType,
+    RequestErrorCode,
+)
 from relay.moqt.errors import RequestError
 from relay.moqt.location_filter import (
     LocationFilter,
@@ -40,7 +46,7 @@ from relay.transport import TransportError
 from storage.interface import OBJECT_MAX, Tier
 
 from .auth import Role, token_values
-from .forwarder import Forwarder
+from .forwarder import DEFAULT_SUBSCRIBER_PRIORITY, Forwarder
 from .namespaces import NamespaceListener, PublisherEntry
 from .scheduler import ScheduledWriter, SessionScheduler
 from .track import RelayTrack
@@ -51,6 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvcs.relay")
 
+# The Location filters that name their start (FETCH bounds come from them alone)
 _ABSOLUTE = (LocationFilterType.ABSOLUTE_START, LocationFilterType.ABSOLUTE_START_GROUP_END,
              LocationFilterType.ABSOLUTE_RANGE)
 
@@ -69,7 +76,8 @@ def _group_order(track: RelayTrack, *chosen: GroupOrder | None) -> GroupOrder:
         if order is not None:
             return order
     for p in track.properties:
-        if p.type == 0x22 and p.value in (1, 2):
+        if p.type == PropertyType.DEFAULT_PUBLISHER_GROUP_ORDER and \
+                p.value in GroupOrder._value2member_map_:
             return GroupOrder(p.value)
     return GroupOrder.ASCENDING
 
@@ -266,10 +274,8 @@ class RelayHandler(SessionHandler):
             except RequestError as e:
                 raise RequestRejected(e.code, e.reason) from None
             fwd.update_filters(p.range_filters)
-        if p.forward is not None:
-            fwd.forward = p.forward
-        if p.subscriber_priority is not None:
-            fwd.subscriber_priority = p.subscriber_priority
+        # Forward and Subscriber Priority: the subscription applied them already, the
+        # Forwarder reads them from it
         if p.location_filter is not None:
             lf = None if p.location_filter.type == LocationFilterType.NONE else p.location_filter
             live = resolve_subscription_range(lf, largest)
@@ -405,7 +411,8 @@ class RelayHandler(SessionHandler):
         writer = ScheduledWriter(await req.accept(end_of_track, end, _props(track, params)),
                                  self.scheduler(self._sess(req)),
                                  params.subscriber_priority
-                                 if params.subscriber_priority is not None else 128)
+                                 if params.subscriber_priority is not None
+                                 else DEFAULT_SUBSCRIBER_PRIORITY)
         lease = track.store.pin(track.key, rng.start.group, end.group)
         relay.counters.inc("fetches_active")
         try:
@@ -451,7 +458,7 @@ class RelayHandler(SessionHandler):
 
     @staticmethod
     def _requested_bounds(lf: LocationFilter | None) -> tuple[Location, Location]:
-        big = (1 << 64) - 1
+        big = OBJECT_MAX
         if lf is None or lf.type not in _ABSOLUTE:
             return Location(0, 0), Location(big, big)
         start = Location(lf.start_group, lf.start_object)

@@ -56,9 +56,6 @@ log = logging.getLogger("kvcs.relay")
 
 CACHE = "cache"  # the namespace source of Tracks the relay itself holds in LMDB
 
-_ABSOLUTE = (LocationFilterType.ABSOLUTE_START, LocationFilterType.ABSOLUTE_START_GROUP_END,
-             LocationFilterType.ABSOLUTE_RANGE)
-
 
 @dataclass
 class RelayOptions:

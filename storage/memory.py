@@ -10,8 +10,10 @@ Invariants:
   Location of that Group is *unknown* again (never "non-existent"). Track-level knowledge
   (Largest Object, End of Track) outlives its Groups until the track holds no Group and no pin.
 * Appending and reading a Group (FETCH, fill hit) both count as a use for LRU.
-* Payloads are kept as given (no copy). Pass exact-size `bytes`: a memoryview into a larger
-  receive buffer would keep that whole buffer alive while accounting only the view.
+* Payloads are kept as given (no copy). The relay hands in memoryviews of its receive
+  buffers; such a view keeps its whole underlying buffer alive while only the view's bytes
+  are charged, so what a Group really holds can exceed its charge by the rest of those
+  buffers (the transport's receive chunks: bounded by its window, not by this tier).
 * A track with a maximum cache duration (MOQT MAX_CACHE_DURATION, `set_cache_duration`) has
   its Groups expire that long after their first Object arrived: an expired Group is dropped
   when next touched, as if evicted (its Locations are unknown again, pins or not), so nothing

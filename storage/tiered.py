@@ -1,14 +1,15 @@
 """Memory in front of LMDB, the way the relay uses them.
 
 * Every Object is appended to memory. When a track is complete (End of Track, no gap) and not
-  aborted, the relay calls `commit(track)`, which writes it to LMDB in one transaction
-  (synchronously: the relay decides when, e.g. off its hot path). Memory keeps its copy until
-  LRU evicts it; LMDB then serves it.
+  aborted, the relay takes its Groups from memory (`MemoryStore.complete_track`, on its event
+  loop) and hands them to LMDB's writer thread (`LmdbStore.commit_track`), which writes them
+  in one transaction. Memory keeps its copy until LRU evicts it; LMDB then serves it.
 * Reads look in memory first and fall back to LMDB per Group: a memory Group is used when it is
   whole, or when LMDB does not hold the track. Every walk item says which tier served it, so the
   relay can count hits per tier; `Span`s are served by no tier (Tier.NONE).
 * LMDB reads are zero-copy: items from `TieredReader` are valid until the reader closes.
-* A full LMDB (`StorageFullError` from `commit`) leaves memory untouched: keep serving from it.
+* A full LMDB (`StorageFullError` from `commit_track`) leaves memory untouched: keep serving
+  from it (and retry the commit later).
 """
 
 from __future__ import annotations

@@ -270,7 +270,7 @@ class RelayHandler(SessionHandler):
             after = override_filters(fwd.range_filters, p.range_filters)
             try:
                 check_filter_ranges(Params(range_filters=after, fill=p.fill),
-                                    self.relay.options.max_filter_ranges)
+                                    self.relay.options.session.max_filter_ranges)
             except RequestError as e:
                 raise RequestRejected(e.code, e.reason) from None
             fwd.update_filters(p.range_filters)

@@ -57,11 +57,21 @@ log = logging.getLogger("kvcs.relay")
 CACHE = "cache"  # the namespace source of Tracks the relay itself holds in LMDB
 
 
+# The relay evaluates every Range filter on every path, so it advertises more Ranges than the
+# session layer's client default (docs/relay.md, "Range filters").
+RELAY_MAX_FILTER_RANGES = 16
+
+
+def _relay_session_config() -> SessionConfig:
+    return SessionConfig(max_filter_ranges=RELAY_MAX_FILTER_RANGES)
+
+
 @dataclass
 class RelayOptions:
-    max_filter_ranges: int = 16
-    max_request_updates: int = 4
-    implementation: str = "kvcs-relay/0.1"
+    # What every session of the relay advertises (SETUP) and tolerates: the session layer's
+    # own defaults (relay.session.SessionConfig) but for MAX_FILTER_RANGES. Its upstream
+    # links use the same, with their own authorization token.
+    session: SessionConfig = field(default_factory=_relay_session_config)
     # A subscriber's queued-but-unsent bytes beyond this end its subscription (TOO_FAR_BEHIND).
     max_backlog_bytes: int = 256 * 1024 * 1024
     # FILL_TIMEOUT when a fill or FETCH does not give one (seconds).
@@ -142,10 +152,7 @@ class Relay:
 
     @property
     def session_config(self) -> SessionConfig:
-        o = self.options
-        return SessionConfig(max_filter_ranges=o.max_filter_ranges,
-                             max_request_updates=o.max_request_updates,
-                             implementation=o.implementation)
+        return self.options.session
 
     # -- sessions ---------------------------------------------------------------------------------
 

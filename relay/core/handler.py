@@ -45,7 +45,9 @@ from relay.session.errors import SessionFailure
 from relay.transport import TransportError
 from storage.interface import OBJECT_MAX, Tier
 
+from . import cache
 from .auth import Role, token_values
+from .cache import relay_location
 from .forwarder import DEFAULT_SUBSCRIBER_PRIORITY, Forwarder
 from .namespaces import NamespaceListener, PublisherEntry
 from .scheduler import ScheduledWriter, SessionScheduler
@@ -297,7 +299,7 @@ class RelayHandler(SessionHandler):
         """L is an End of Group the fill covered and the live part starts right after:
         say on the live path that the Group is over (see Forwarder.announce_group_end)."""
         with track.store.reader() as r:
-            eog = next((o for _, o in r.read(track.key, largest, largest)), None)
+            eog = next(cache.read(r, track.key, largest, largest), None)
         if eog is not None and eog.status == ObjectStatus.END_OF_GROUP and not eog.datagram:
             fwd.announce_group_end(eog.group, eog.subgroup, eog.priority)
 
@@ -404,8 +406,8 @@ class RelayHandler(SessionHandler):
                 end.group == lf.end_group:
             end = await self._group_end_location(track, rng.start, end,
                                                  max(0.0, deadline - loop.time()))
-        final = track.store.known_final(track.key)
-        end_of_track = final is not None and Location(final.group, final.object) <= end and \
+        final = relay_location(track.store.known_final(track.key))
+        end_of_track = final is not None and final <= end and \
             end >= largest
         started = asyncio.get_running_loop().time()
         writer = ScheduledWriter(await req.accept(end_of_track, end, _props(track, params)),

@@ -41,12 +41,12 @@ from storage.interface import (
     OBJECT_MAX,
     IncompleteTrackError,
     StorageFullError,
-    StoredObject,
     TrackTooLargeError,
 )
 from storage.tiered import TieredStore
 
 from .auth import Authorizer
+from .cache import stored_object
 from .handler import RelayHandler
 from .namespaces import NamespaceTable, PublisherEntry
 from .track import MarkerSpans, RelayTrack
@@ -501,9 +501,7 @@ class Relay:
                     if isinstance(ev, ReceivedObject):
                         self.counters.inc("upstream_fetch_objects")
                         spans.element(ev.location)
-                        track.append_fetched(StoredObject(
-                            ev.group, ev.subgroup, ev.object_id, ev.priority, 0,
-                            ev.properties or b"", ev.payload))
+                        track.append_fetched(stored_object(ev))
                     elif isinstance(ev, RangeMarker):
                         spans.marker(ev)
                 # FIN, no Range filters: what was skipped up to End Location does not exist

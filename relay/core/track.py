@@ -44,8 +44,9 @@ from storage.interface import (
     Tier,
     TrackKey,
 )
-from storage.interface import GroupOrder as StoreOrder
-from storage.interface import Location as StoreLocation
+
+from . import cache
+from .cache import relay_location, status_object, stored_object
 
 if TYPE_CHECKING:
     from storage.tiered import TieredStore
@@ -181,11 +182,10 @@ class RelayTrack:
 
     def largest(self) -> Location | None:
         """The relay's Largest Object: never less than what upstream reported (§6.3)."""
-        cached = self.store.largest_object(self.key)
+        loc = relay_location(self.store.largest_object(self.key))
         up = self.upstream_largest
-        if cached is None:
+        if loc is None:
             return up
-        loc = Location(cached.group, cached.object)
         return loc if up is None or loc > up else up
 
     def set_properties(self, properties: Sequence[Any]) -> None:
@@ -280,9 +280,7 @@ class RelayTrack:
             await self._upstream_gone(status, reason)
 
     def _on_object(self, ev: ReceivedObject, seen_streams: set[int]) -> None:
-        obj = StoredObject(ev.group, ev.subgroup, ev.object_id, ev.priority, int(ev.status),
-                           ev.properties or b"", ev.payload,
-                           ev.stream.source is Source.DATAGRAM)
+        obj = stored_object(ev)
         if self.counters is not None and ev.status == ObjectStatus.NORMAL:
             self.counters.inc("objects_received")
             self.counters.inc("bytes_received", len(ev.payload))
@@ -319,8 +317,8 @@ class RelayTrack:
                 (final_loc is not None and Location(g, end) >= final_loc):
             return
         try:
-            self.store.append(self.key, StoredObject(g, final.subgroup, end, final.priority,
-                                                     int(ObjectStatus.END_OF_GROUP)))
+            self.store.append(self.key, status_object(g, final.subgroup, end, final.priority,
+                                                      ObjectStatus.END_OF_GROUP))
         except ConflictError as e:  # a larger Object of the Group is cached: §14.2
             log.warning("%r is malformed: %s", self, e)
             self.malformed = True
@@ -461,13 +459,12 @@ class RelayTrack:
         out: list[tuple[Tier, StoredObject]] = []
         size = 0
         with self.store.reader() as r:
-            for tier, item in r.walk(self.key, StoreLocation(g, cursor),
-                                     StoreLocation(g, hi), StoreOrder.ASCENDING, id_ranges):
+            for tier, item in cache.walk(r, self.key, Location(g, cursor), Location(g, hi),
+                                         id_ranges):
                 if isinstance(item, Span):
                     if item.kind == SpanKind.NON_EXISTENT:
                         continue
-                    sp = self._still_unknown(
-                        Span(item.kind, Location(*item.start), Location(*item.end)))
+                    sp = self._still_unknown(item)
                     if sp is None:
                         continue
                     return out, sp, None
@@ -510,8 +507,7 @@ class RelayTrack:
         if self._still_unknown(span) != span:
             return True
         with self.store.reader() as r:
-            for _, item in r.walk(self.key, StoreLocation(*span.start),
-                                  StoreLocation(*span.end), StoreOrder.ASCENDING):
+            for _, item in cache.walk(r, self.key, span.start, span.end):
                 if not (isinstance(item, Span) and item.kind == SpanKind.UNKNOWN
                         and tuple(item.start) == tuple(span.start)
                         and tuple(item.end) == tuple(span.end)):
@@ -523,11 +519,9 @@ class RelayTrack:
         """Record the gaps of [start, end] as known not to exist (see ``absent``), except
         the ``unknown`` ranges the upstream reported with markers."""
         with self.store.reader() as r:
-            for _, item in r.walk(self.key, StoreLocation(*start), StoreLocation(*end),
-                                  StoreOrder.ASCENDING):
+            for _, item in cache.walk(r, self.key, start, end):
                 if isinstance(item, Span) and item.kind == SpanKind.UNKNOWN:
-                    self.absent += _subtract((Location(*item.start), Location(*item.end)),
-                                             unknown)
+                    self.absent += _subtract((item.start, item.end), unknown)
         self._bump()
 
     def _still_unknown(self, span: Span) -> Span | None:
@@ -550,10 +544,10 @@ class RelayTrack:
         """The largest Location of ``group`` the cache holds an Object for."""
         last = None
         with self.store.reader() as r:
-            for _, obj in r.read(self.key, StoreLocation(group, 0),
-                                 StoreLocation(group, OBJECT_MAX)):
+            for obj in cache.read(r, self.key, Location(group, 0),
+                                  Location(group, OBJECT_MAX)):
                 last = obj.location
-        return Location(*last) if last is not None else None
+        return relay_location(last)
 
     def append_fetched(self, obj: StoredObject) -> None:
         """An Object learned from an upstream FETCH (cached like any other, §14.6 step 5)."""

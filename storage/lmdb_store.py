@@ -378,20 +378,9 @@ class LmdbStore:
         """A read session; use as a context manager (views die with it)."""
         return LmdbReadSession(self)
 
-    def contains(self, track: TrackKey) -> bool:
-        with self.session() as s:
-            return s.track_id(track) is not None
-
     def info(self, track: TrackKey) -> TrackInfo | None:
         with self.session() as s:
             return s.info(track)
-
-    def read_copy(self, track: TrackKey, start: Location, end: Location | None = None,
-                  order: GroupOrder = GroupOrder.ASCENDING,
-                  object_ids: IdRanges | None = None) -> list[StoredObject]:
-        """`read` with every buffer copied out, for callers that keep the Objects."""
-        with self.session() as s:
-            return [o.copy() for o in s.read(track, start, end, order, object_ids)]
 
     def tracks(self) -> list[TrackKey]:
         """Every visible committed track, least recently used first."""

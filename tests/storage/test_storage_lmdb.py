@@ -24,7 +24,8 @@ KiB = 1024
 
 
 def _stored(store: LmdbStore, t: tuple) -> list[tuple]:
-    return describe(store.read_copy(t, Location(0, 0)))
+    with store.session() as s:
+        return describe(o.copy() for o in s.read(t, Location(0, 0)))
 
 
 def test_commit_reopen_bit_identical(tmp_path: Path) -> None:
@@ -51,8 +52,8 @@ def test_long_binary_track_names(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path, capacity=1 << 20)
     t = (tuple(bytes([i]) * 200 for i in range(10)), b"\x00\xff" * 300)  # > 511-byte LMDB keys
     store.commit_track(t, full_track([1]))
-    assert store.tracks() == [t] and store.contains(t)
-    assert not store.contains((t[0], b"other"))
+    assert store.tracks() == [t] and store.info(t)
+    assert not store.info((t[0], b"other"))
     store.close()
 
 
@@ -130,7 +131,7 @@ def test_max_age_with_injected_clock(tmp_path: Path) -> None:
     clock.now += 30
     store.commit_track(track_key(1), full_track([2]))
     clock.now += 31  # track 0 is 61 s old, track 1 31 s
-    assert not store.contains(track_key(0)) and store.contains(track_key(1))
+    assert not store.info(track_key(0)) and store.info(track_key(1))
     assert store.tracks() == [track_key(1)]
     assert store.expire() == 1
     assert store.stats()["tracks"] == 1
@@ -152,7 +153,7 @@ def test_expiry_time_committed_with_a_track(tmp_path: Path) -> None:
     store.commit_track(track_key(2), full_track([2]))  # no expiry: stays
     assert store.next_expiry() == clock.now + 10
     clock.now += 10
-    assert not store.contains(track_key(0)) and store.contains(track_key(1))
+    assert not store.info(track_key(0)) and store.info(track_key(1))
     assert store.tracks() == [track_key(1), track_key(2)]
     assert store.expire() == 1
     assert store.next_expiry() == clock.now + 10
@@ -180,7 +181,7 @@ def test_map_grows_then_evicts_then_reports_full(tmp_path: Path) -> None:
         assert _stored(store, t) == describe(flat(groups))
     with pytest.raises(StorageFullError):
         store.commit_track(track_key(50), full_track([80], size=48 * KiB))  # > the whole map
-    assert not store.contains(track_key(50))
+    assert not store.info(track_key(50))
     assert store.bytes_used == sum(store.info(t).nbytes for t in store.tracks())  # type: ignore[union-attr]
     store.close()
 

@@ -31,12 +31,10 @@ from relay.session import RequestCancelled, ServedSubscription, SubgroupWriter
 from relay.transport import SendStream, TransportError
 from storage.interface import StoredObject
 
-from .scheduler import SessionScheduler
+from .scheduler import DEFAULT_PUBLISHER_PRIORITY, DEFAULT_SUBSCRIBER_PRIORITY, SessionScheduler
 
 log = logging.getLogger("kvcs.relay")
 
-# Subscriber Priority of a request that gives none (§6.1 SUBSCRIBER_PRIORITY default)
-DEFAULT_SUBSCRIBER_PRIORITY = 128
 _END = 1 << 64  # sorts an end-of-stream item after every Object of its Subgroup
 
 
@@ -160,7 +158,8 @@ class Forwarder:
             return
         h = down.header
         sub = h.subgroup_id or 0
-        prio = h.publisher_priority if h.publisher_priority is not None else 128
+        prio = h.publisher_priority if h.publisher_priority is not None \
+            else DEFAULT_PUBLISHER_PRIORITY
         self.pending += 1
         self.scheduler.push((self.subscriber_priority, prio, h.group_id, sub, _END),
                             self._emit, (stream_key, None, fin), down)

@@ -48,9 +48,9 @@ from storage.interface import OBJECT_MAX, Tier
 from . import cache
 from .auth import Role, token_values
 from .cache import relay_location
-from .forwarder import DEFAULT_SUBSCRIBER_PRIORITY, Forwarder
+from .forwarder import Forwarder
 from .namespaces import NamespaceListener, PublisherEntry
-from .scheduler import ScheduledWriter, SessionScheduler
+from .scheduler import DEFAULT_SUBSCRIBER_PRIORITY, ScheduledWriter, SessionScheduler
 from .track import RelayTrack
 from .upstream import UNREACHABLE
 

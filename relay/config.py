@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from relay.core.auth import read_token_file
+from relay.core.relay import RelayOptions
+from relay.service import RelayConfig
 
 ENV_PREFIX = "KVCS_RELAY_"
 
@@ -152,37 +154,42 @@ KEYS: tuple[Key, ...] = (
     Key("upstream_ca", _opt_path, None, "CA file for the upstream relay's certificate.", ""),
     Key("upstream_token", _opt_path, None, "File holding the token the relay presents to "
         "its upstream relay (AUTHORIZATION_TOKEN in SETUP); unset: none.", ""),
-    Key("upstream_idle_timeout", _positive_float, 3.0, "Seconds without a packet from the "
-        "upstream relay (PINGed every third of it) before its session counts as dead; also "
-        "bounds each dial.", "3.0"),
+    Key("upstream_idle_timeout", _positive_float, RelayConfig.upstream_idle_timeout,
+        "Seconds without a packet from the upstream relay (PINGed every third of it) before "
+        "its session counts as dead; also bounds each dial.",
+        str(RelayConfig.upstream_idle_timeout)),
     Key("upstream_insecure", _bool, False, "Do not verify the upstream certificate (loopback "
         "development only).", "false", is_flag=True),
-    Key("memory_bytes", _int, 1 << 30, "Byte bound of the memory tier (per-entry overhead "
-        "included).", str(1 << 30)),
-    Key("lmdb_bytes", _int, 8 << 30, "Byte bound of the LMDB tier.", str(8 << 30)),
+    Key("memory_bytes", _int, RelayConfig.memory_bytes, "Byte bound of the memory tier "
+        "(per-entry overhead included).", str(RelayConfig.memory_bytes)),
+    Key("lmdb_bytes", _int, RelayConfig.lmdb_bytes, "Byte bound of the LMDB tier.",
+        str(RelayConfig.lmdb_bytes)),
     Key("lmdb_max_age", _opt_float, None, "Seconds after which a committed Track expires "
         "from LMDB (unset: never).", ""),
     Key("scope_memory_bytes", _int, 0, "Memory-tier quota of each scope (KVCS Scope ID) "
         "without one of its own in [scopes.\"<hex>\"]; 0: none.", "0"),
     Key("scope_lmdb_bytes", _int, 0, "LMDB quota of each scope without one of its own in "
         "[scopes.\"<hex>\"]; 0: none.", "0"),
-    Key("max_datagram_size", _int, 1200, "UDP payload size; raise to the path MTU (e.g. "
-        "8952) on jumbo-frame paths.", "1200"),
+    Key("max_datagram_size", _int, RelayConfig.max_datagram_size, "UDP payload size; raise "
+        "to the path MTU (e.g. 8952) on jumbo-frame paths.", str(RelayConfig.max_datagram_size)),
     Key("workers", _workers, 1, "Relay worker processes sharing the UDP port and the LMDB "
         "store (SO_REUSEPORT); auto: one per usable core. See docs/workers.md.", "1"),
     Key("quic_backend", _choice("aioquic", "qh3"), "aioquic", "QUIC library: aioquic, or "
         "qh3 (the fast extra: a native QUIC core, several times the throughput per core); "
         "see docs/transport.md.", "aioquic"),
-    Key("max_backlog_bytes", _int, 256 << 20, "Bytes queued for one subscriber beyond which "
-        "its subscription ends as too far behind.", str(256 << 20)),
-    Key("max_sessions", _int, 0, "Sessions served at once; more are refused before SETUP "
-        "and counted. 0: no bound.", "0"),
-    Key("fill_timeout", _positive_float, 5.0, "Seconds a fill or FETCH waits for unknown "
-        "Objects when the request gives no FILL_TIMEOUT.", "5.0"),
+    Key("max_backlog_bytes", _int, RelayOptions.max_backlog_bytes, "Bytes queued for one "
+        "subscriber beyond which its subscription ends as too far behind.",
+        str(RelayOptions.max_backlog_bytes)),
+    Key("max_sessions", _int, RelayOptions.max_sessions, "Sessions served at once; more are "
+        "refused before SETUP and counted. 0: no bound.", str(RelayOptions.max_sessions)),
+    Key("fill_timeout", _positive_float, RelayOptions.default_fill_timeout, "Seconds a fill "
+        "or FETCH waits for unknown Objects when the request gives no FILL_TIMEOUT.",
+        str(RelayOptions.default_fill_timeout)),
     Key("metrics_listen", _hostport_or_off, ("127.0.0.1", 9464), "TCP HOST:PORT of the "
         "/metrics, /healthz and /readyz listener, or 'off'.", "127.0.0.1:9464"),
-    Key("drain_timeout", _positive_float, 10.0, "Seconds, after SIGTERM/SIGINT and GOAWAY, "
-        "for fills and FETCHes in flight and LMDB commits to finish.", "10.0"),
+    Key("drain_timeout", _positive_float, RelayConfig.drain_timeout, "Seconds, after "
+        "SIGTERM/SIGINT and GOAWAY, for fills and FETCHes in flight and LMDB commits to "
+        "finish.", str(RelayConfig.drain_timeout)),
     Key("ready_file", _opt_path, None, "Once listening, write {\"port\", \"metrics_port\", "
         "\"pid\"} as JSON to this file (for supervisors and tests).", ""),
     Key("tokens_file", _opt_path, None, "A TOML file holding only [[auth.tokens]] (e.g. a "
@@ -219,9 +226,6 @@ class Settings:
 
     def relay_config(self) -> Any:
         """The :class:`relay.service.RelayConfig` these settings describe."""
-        from relay.core.relay import RelayOptions
-        from relay.service import RelayConfig
-
         v = self.values
         host, port = v["listen"]
         cfg = RelayConfig(

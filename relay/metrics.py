@@ -238,8 +238,9 @@ class RelayCollector(Collector):
                        c.get("lmdb_committed_tracks", 0))
         yield _counter("lmdb_committed_bytes", "Bytes committed to LMDB.",
                        c.get("lmdb_committed_bytes", 0))
-        yield _counter("lmdb_full", "Commits refused because LMDB was full (the Track stays "
-                       "in memory).", c.get("lmdb_full", 0))
+        yield _counter("lmdb_full", "Commit attempts refused because LMDB was full (the "
+                       "Track stays in memory; the commit is retried unless the Track "
+                       "exceeds the capacity).", c.get("lmdb_full", 0))
 
 
     def _scopes(self) -> Iterator[Metric]:

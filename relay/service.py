@@ -25,7 +25,6 @@ from relay.core.relay import Relay, RelayOptions
 from relay.core.siblings import SiblingLinks
 from relay.core.upstream import UpstreamLink
 from relay.metrics import MetricsServer, RelayMetrics
-from relay.session import SessionConfig
 from relay.transport import QuicSettings, Server, ensure_self_signed, fingerprint, serve
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
@@ -33,6 +32,10 @@ from storage.quota import ScopeQuotas
 from storage.tiered import TieredStore
 
 log = logging.getLogger("kvcs.relay")
+
+# The transport's own defaults, where the relay has no reason to differ (QuicSettings uses
+# slots, so its class attributes are not the values)
+_QUIC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(QuicSettings)}
 
 
 @dataclass
@@ -54,7 +57,7 @@ class RelayConfig:
     memory_bytes: int = 1 << 30
     lmdb_bytes: int = 8 << 30
     lmdb_max_age: float | None = None
-    max_datagram_size: int = 1200
+    max_datagram_size: int = _QUIC_DEFAULTS["max_datagram_size"]
     # "aioquic" or "qh3"; None: the process default (relay.transport.backend), which tests
     # switch to run the relay on either backend
     quic_backend: str | None = None
@@ -214,9 +217,8 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
     if config.upstream:
         upstream = UpstreamLink(
             config.upstream,
-            config=SessionConfig(max_filter_ranges=config.options.max_filter_ranges,
-                                 implementation=config.options.implementation,
-                                 authorization_tokens=tokens_of(config.upstream_token)),
+            config=dataclasses.replace(config.options.session,
+                                       authorization_tokens=tokens_of(config.upstream_token)),
             settings=dataclasses.replace(settings, idle_timeout=config.upstream_idle_timeout,
                                          keepalive_interval=config.upstream_idle_timeout / 3),
             ca_file=config.upstream_ca, insecure=config.upstream_insecure,

@@ -22,6 +22,7 @@ from storage.interface import (
     Tier,
     TrackInfo,
     TrackKey,
+    TrackTooLargeError,
 )
 from storage.lmdb_store import LmdbReadSession, LmdbStore
 from storage.memory import Lease, MemoryStore
@@ -50,4 +51,5 @@ __all__ = [
     "TieredStore",
     "TrackInfo",
     "TrackKey",
+    "TrackTooLargeError",
 ]

@@ -19,7 +19,14 @@ import struct
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 
-from storage.interface import Buffer, ObjectStatus, StorageError, StoredObject, TrackKey
+from storage.interface import (
+    OBJECT_MAX,
+    Buffer,
+    ObjectStatus,
+    StorageError,
+    StoredObject,
+    TrackKey,
+)
 
 MAGIC = b"KVG1"
 _HEADER = struct.Struct("<4sI")
@@ -124,7 +131,7 @@ class GroupView:
                                      buf[mid:mid + dlen], flags & _FLAG_DATAGRAM == 1))
 
     def objects(self) -> Iterator[StoredObject]:
-        return self.objects_between(0, 2**64 - 1)
+        return self.objects_between(0, OBJECT_MAX)
 
     def data_span(self, lo: int, hi: int) -> memoryview:
         """Properties + payload bytes of Objects lo..hi back to back (one slice, no copy)."""

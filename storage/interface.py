@@ -167,8 +167,14 @@ class IncompleteTrackError(StorageError):
 class StorageFullError(StorageError):
     """The durable tier cannot take more data (LMDB map at its limit, or the disk is full).
 
-    The caller keeps serving from memory; nothing partial was written.
+    The caller keeps serving from memory; nothing partial was written. Worth retrying: room
+    may be made (eviction, expiry, a freed disk, read sessions that close), unless it is a
+    `TrackTooLargeError`.
     """
+
+
+class TrackTooLargeError(StorageFullError):
+    """The track is larger than the tier's capacity or its scope's quota: no retry helps."""
 
 
 @dataclass(frozen=True, slots=True)

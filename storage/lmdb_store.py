@@ -21,19 +21,31 @@ One value per Group, never one key per Object (the layer x block key explosion):
 is one B-tree lookup and one sequential read; an Object-ID range is a slice of it. Track ids
 only grow, so Group keys are appended (MDB_APPEND) in key order.
 
+ONE WRITER: every write transaction and every map resize of a store runs on its one writer
+thread (`submit`; the blocking methods `commit_track`, `delete_track`, `expire` and
+`flush_usage` hand their work to it and wait). Write transactions never contend inside the
+process, and a resize never meets a write transaction of its own process. Several processes
+may share the directory: LMDB serialises their write transactions, and each re-reads the
+counters in every one.
+
 Reads go through `LmdbReadSession` (a context manager holding one read transaction opened with
 buffers=True): every memoryview it returns points into the memory map and is valid only until
-the session ends. Copy (`StoredObject.copy()`) anything kept longer. A session may stay open
-across awaits (py-lmdb uses MDB_NOTLS) but pins old pages while open, so keep it per request.
+the session ends. Copy (`StoredObject.copy()`) anything kept longer. Sessions may be opened on
+any thread (py-lmdb uses MDB_NOTLS), but **a session must not stay open across an await or
+any other wait on someone else**: growing the map remaps it, which LMDB allows only while no
+transaction of the process is open, so the writer waits for open sessions to close (`_ReadGate`,
+at most `resize_wait` seconds, then the write fails with a retryable `StorageFullError`). The
+relay copies what one write to the network needs and closes the session before it awaits.
 
 Capacity: `capacity` bytes of Group values; committing evicts least-recently-used tracks first
 (use order is in the `lru` table, so it survives restart; reads are batched in memory and
 written with the next write or `flush_usage()`). Tracks older than `max_age`, and tracks past
 the expiry time committed with them (the MOQT MAX_CACHE_DURATION of their Objects), are
 invisible to reads and purged on the next write or `expire()`. The memory map starts at
-`initial_map_size` and doubles up to `map_limit` (only while no read session is open:
-remapping would invalidate their views); when LMDB or the disk is full a `StorageFullError` is
-raised and nothing is written.
+`initial_map_size` and doubles up to `map_limit` (once no read session is open: remapping would
+invalidate their views); when LMDB or the disk is full a `StorageFullError` is raised and
+nothing is written. `TrackTooLargeError` (a track above the capacity or its scope's quota) is
+the one that no retry can cure.
 """
 
 from __future__ import annotations
@@ -41,11 +53,13 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import lmdb
 
@@ -68,6 +82,7 @@ from storage.interface import (
     StoredObject,
     TrackInfo,
     TrackKey,
+    TrackTooLargeError,
     WalkItem,
     normalize_ranges,
 )
@@ -77,6 +92,7 @@ from storage.walk import read_objects, walk_range
 _META = struct.Struct("<QQddQQQ")  # bytes, use seq, created, last used, eot group/object, groups
 _TIME = struct.Struct("<d")
 _MiB = 1 << 20
+_T = TypeVar("_T")
 
 
 def _u64(n: int) -> bytes:
@@ -120,6 +136,53 @@ class _Meta:
                           eot.object, self.groups) + self.name
 
 
+class _ReadGate:
+    """This process's read transactions against a map resize.
+
+    `mdb_env_set_mapsize` may run only while no transaction of the process is open: it remaps
+    the file and every view a reader holds would point into freed memory. Readers enter and
+    leave; the writer takes the gate exclusively for a resize: new readers wait (a resize is
+    quick), open ones are waited for, for at most ``timeout``. A thread already inside may
+    enter again without waiting, so nested sessions cannot deadlock against a resize.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._depth = threading.local()
+        self.readers = 0
+        self.resizing = False
+
+    def enter(self) -> None:
+        depth = getattr(self._depth, "n", 0)
+        with self._cond:
+            if depth == 0:
+                while self.resizing:
+                    self._cond.wait()
+            self.readers += 1
+        self._depth.n = depth + 1
+
+    def leave(self) -> None:
+        self._depth.n -= 1
+        with self._cond:
+            self.readers -= 1
+            if self.readers == 0:
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self, timeout: float) -> Iterator[None]:
+        with self._cond:
+            self.resizing = True
+            self._cond.notify_all()  # for whoever watches for a pending resize
+            try:
+                if not self._cond.wait_for(lambda: self.readers == 0, timeout):
+                    raise StorageFullError("LMDB map must grow but read sessions are open; "
+                                           "retry")
+                yield
+            finally:
+                self.resizing = False
+                self._cond.notify_all()
+
+
 class LmdbStore:
     """The durable tier. One instance per directory per process; several processes may share
     one directory (LMDB locks it; every write transaction re-reads the counters)."""
@@ -127,7 +190,8 @@ class LmdbStore:
     def __init__(self, path: str | os.PathLike[str], capacity: int, *,
                  max_age: float | None = None, clock: Callable[[], float] = time.time,
                  map_limit: int | None = None, initial_map_size: int | None = None,
-                 sync: bool = True, quotas: ScopeQuotas | None = None) -> None:
+                 sync: bool = True, quotas: ScopeQuotas | None = None,
+                 resize_wait: float = 2.0) -> None:
         self.path = Path(path)
         self.capacity = capacity
         self.quotas = quotas if quotas is not None and quotas.active(LMDB) else None
@@ -153,15 +217,35 @@ class LmdbStore:
         # Track Properties (opaque bytes, as the relay received them) by track id
         self._props = self._env.open_db(b"props")
         self._expiry = self._env.open_db(b"expiry")
-        self._readers = 0
+        self._gate = _ReadGate()
+        self.resize_wait = resize_wait  # bound on waiting for read sessions before a resize
+        # uses recorded by readers (any thread), persisted by the writer
         self._touched: dict[int, float] = {}
-        with self._env.begin() as txn:
+        self._touched_lock = threading.Lock()
+        self._writer_ident: int | None = None
+        self._writer = ThreadPoolExecutor(1, "lmdb-writer", initializer=self._mark_writer)
+        with self._reading() as txn:
             self._next_id = self._counter(txn, b"next_id", 1)
             self._seq = self._counter(txn, b"seq", 0)
             self._bytes = self._counter(txn, b"bytes", 0)
         self.evicted_tracks = 0
         self._count_scopes()
         self._scratch = bytearray()  # Group values are encoded here, then copied by LMDB
+
+    # -- the writer thread -----------------------------------------------------------------
+
+    def _mark_writer(self) -> None:
+        self._writer_ident = threading.get_ident()
+
+    def submit(self, fn: Callable[..., _T], /, *args: Any, **kw: Any) -> Future[_T]:
+        """Run ``fn`` on the writer thread (after the writes submitted before it); the relay
+        awaits the future (``asyncio.wrap_future``) instead of blocking its event loop."""
+        return self._writer.submit(fn, *args, **kw)
+
+    def _on_writer(self, fn: Callable[..., _T], /, *args: Any, **kw: Any) -> _T:
+        if threading.get_ident() == self._writer_ident:
+            return fn(*args, **kw)
+        return self._writer.submit(fn, *args, **kw).result()
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -171,17 +255,24 @@ class LmdbStore:
         """Write a whole track in one transaction; returns bytes written (0 if already held).
         ``expires_at`` (clock time): from then on the track is invisible and purged.
 
-        Raises `IncompleteTrackError` (never written), `StorageFullError` (nothing written).
+        Raises `IncompleteTrackError` (never written), `StorageFullError` (nothing written;
+        `TrackTooLargeError` if it can never fit).
         """
+        return self._on_writer(self._commit_track, track, groups, created=created,
+                               properties=properties, expires_at=expires_at)
+
+    def _commit_track(self, track: TrackKey, groups: Sequence[Sequence[StoredObject]], *,
+                      created: float | None, properties: bytes,
+                      expires_at: float | None) -> int:
         eot = check_complete(groups)
         sizes = [group_size(objs) for objs in groups]
         size = sum(sizes)
         if size > self.capacity:
-            raise StorageFullError(f"track of {size} bytes exceeds capacity {self.capacity}")
+            raise TrackTooLargeError(f"track of {size} bytes exceeds capacity {self.capacity}")
         scope = self.quotas.scope_of(track) if self.quotas is not None else None
         limit = self.quotas.limit(scope, LMDB) if self.quotas and scope is not None else None
         if limit is not None and size > limit:
-            raise StorageFullError(f"track of {size} bytes exceeds its scope's quota {limit}")
+            raise TrackTooLargeError(f"track of {size} bytes exceeds its scope's quota {limit}")
         name = encode_track_name(track)
         nkey = track_name_key(name)
         now = self._clock()
@@ -230,6 +321,9 @@ class LmdbStore:
 
     def delete_track(self, track: TrackKey) -> bool:
         """Remove a track (whole); False if it was not held."""
+        return self._on_writer(self._delete_track, track)
+
+    def _delete_track(self, track: TrackKey) -> bool:
         nkey = track_name_key(encode_track_name(track))
         with self._writing() as txn:
             raw = txn.get(nkey, db=self._names)
@@ -239,6 +333,9 @@ class LmdbStore:
 
     def expire(self) -> int:
         """Purge expired tracks now; returns how many were removed."""
+        return self._on_writer(self._expire)
+
+    def _expire(self) -> int:
         with self._writing() as txn:
             removed = self._purge_expired(txn, self._clock())
         return removed
@@ -246,7 +343,7 @@ class LmdbStore:
     def next_expiry(self) -> float | None:
         """The clock time at which the next held track expires (None: none will)."""
         times: list[float] = []
-        with self._env.begin() as txn:
+        with self._reading() as txn:
             if self.max_age is not None:
                 times += [_Meta(raw).created + self.max_age
                           for _, raw in txn.cursor(db=self._tracks)]
@@ -255,14 +352,18 @@ class LmdbStore:
 
     def flush_usage(self) -> None:
         """Persist the use order recorded by reads since the last write."""
-        if not self._touched:
-            return
+        if self._touched:
+            self._on_writer(self._flush_usage)
+
+    def _flush_usage(self) -> None:
         with self._writing():
             pass
 
     def close(self) -> None:
+        """Persist the use order, let the writes already submitted finish, close."""
         with suppress(lmdb.Error, StorageError):  # use order is advisory: never fail a close
             self.flush_usage()
+        self._writer.shutdown(wait=True)
         self._env.close()
 
     def __enter__(self) -> LmdbStore:
@@ -277,25 +378,14 @@ class LmdbStore:
         """A read session; use as a context manager (views die with it)."""
         return LmdbReadSession(self)
 
-    def contains(self, track: TrackKey) -> bool:
-        with self.session() as s:
-            return s.track_id(track) is not None
-
     def info(self, track: TrackKey) -> TrackInfo | None:
         with self.session() as s:
             return s.info(track)
 
-    def read_copy(self, track: TrackKey, start: Location, end: Location | None = None,
-                  order: GroupOrder = GroupOrder.ASCENDING,
-                  object_ids: IdRanges | None = None) -> list[StoredObject]:
-        """`read` with every buffer copied out, for callers that keep the Objects."""
-        with self.session() as s:
-            return [o.copy() for o in s.read(track, start, end, order, object_ids)]
-
     def tracks(self) -> list[TrackKey]:
         """Every visible committed track, least recently used first."""
         out = []
-        with self._env.begin() as txn:
+        with self._reading() as txn:
             for key, _ in txn.cursor(db=self._lru):
                 raw = txn.get(key[8:], db=self._tracks)
                 if raw is not None:
@@ -310,7 +400,7 @@ class LmdbStore:
 
     def stats(self) -> dict[str, Any]:
         info = self._env.info()
-        with self._env.begin() as txn:
+        with self._reading() as txn:
             tracks = txn.stat(self._tracks)["entries"]
             groups = txn.stat(self._groups)["entries"]
         return {"bytes_used": self._bytes, "capacity": self.capacity, "tracks": tracks,
@@ -318,6 +408,20 @@ class LmdbStore:
                 "evicted_tracks": self.evicted_tracks}
 
     # -- internals -------------------------------------------------------------------------
+
+    @contextmanager
+    def _reading(self, buffers: bool = False) -> Iterator[lmdb.Transaction]:
+        """A read transaction counted by the gate (a resize waits for it to end)."""
+        self._gate.enter()
+        try:
+            with self._env.begin(buffers=buffers) as txn:
+                yield txn
+        finally:
+            self._gate.leave()
+
+    def _touch(self, tid: int, when: float) -> None:
+        with self._touched_lock:
+            self._touched[tid] = when
 
     def _expired(self, txn: lmdb.Transaction, tid_key: bytes, meta: _Meta, now: float) -> bool:
         if self.max_age is not None and now - meta.created >= self.max_age:
@@ -364,7 +468,7 @@ class LmdbStore:
 
     def _reload_counters(self) -> None:
         # An aborted transaction may have advanced the in-memory copies; LMDB is the truth.
-        with self._env.begin() as txn:
+        with self._reading() as txn:
             self._next_id = self._counter(txn, b"next_id", 1)
             self._seq = self._counter(txn, b"seq", 0)
             self._bytes = self._counter(txn, b"bytes", 0)
@@ -377,7 +481,7 @@ class LmdbStore:
         if self.quotas is None:
             return
         held: dict[bytes, int] = {}
-        with self._env.begin() as txn:
+        with self._reading() as txn:
             for _, raw in txn.cursor(db=self._tracks):
                 meta = _Meta(raw)
                 scope = self.quotas.scope_of(decode_track_name(meta.name))
@@ -417,7 +521,8 @@ class LmdbStore:
             self._evict_one(txn, tid)
 
     def _write_usage(self, txn: lmdb.Transaction) -> None:
-        touched, self._touched = self._touched, {}
+        with self._touched_lock:
+            touched, self._touched = self._touched, {}
         for tid, when in sorted(touched.items(), key=lambda kv: kv[1]):
             raw = txn.get(_u64(tid), db=self._tracks)
             if raw is None:
@@ -448,7 +553,8 @@ class LmdbStore:
                 while cur.key()[:8] == prefix:
                     if not cur.delete():
                         break
-        self._touched.pop(tid, None)
+        with self._touched_lock:
+            self._touched.pop(tid, None)
         return int(meta.nbytes)
 
     def _evict(self, txn: lmdb.Transaction, budget: int, scope: bytes | None = None) -> None:
@@ -481,10 +587,10 @@ class LmdbStore:
     def _make_room(self) -> bool:
         """After MapFullError: grow the map, else evict the LRU track. False if neither."""
         if self._map_size < self.map_limit:
-            if self._readers:
-                raise StorageFullError("LMDB map must grow but read sessions are open; retry")
-            self._map_size = min(self._map_size * 2, self.map_limit)
-            self._env.set_mapsize(self._map_size)
+            size = min(self._map_size * 2, self.map_limit)
+            with self._gate.exclusive(self.resize_wait):
+                self._env.set_mapsize(size)
+            self._map_size = size
             return True
         with self._writing() as txn:
             with txn.cursor(db=self._lru) as cur:
@@ -501,8 +607,12 @@ class LmdbReadSession:
 
     def __init__(self, store: LmdbStore) -> None:
         self._store = store
-        self._txn: lmdb.Transaction | None = store._env.begin(buffers=True)
-        store._readers += 1
+        store._gate.enter()
+        try:
+            self._txn: lmdb.Transaction | None = store._env.begin(buffers=True)
+        except BaseException:
+            store._gate.leave()
+            raise
         self._ids: dict[TrackKey, int | None] = {}
         self._metas: dict[int, _Meta] = {}
 
@@ -516,7 +626,7 @@ class LmdbReadSession:
         if self._txn is not None:
             self._txn.abort()
             self._txn = None
-            self._store._readers -= 1
+            self._store._gate.leave()
 
     def _live_txn(self) -> lmdb.Transaction:
         if self._txn is None:
@@ -545,7 +655,7 @@ class LmdbReadSession:
                 tid = None
             else:
                 self._metas[tid] = meta
-                st._touched[tid] = now
+                st._touch(tid, now)
         self._ids[track] = tid
         return tid
 

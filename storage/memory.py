@@ -10,8 +10,10 @@ Invariants:
   Location of that Group is *unknown* again (never "non-existent"). Track-level knowledge
   (Largest Object, End of Track) outlives its Groups until the track holds no Group and no pin.
 * Appending and reading a Group (FETCH, fill hit) both count as a use for LRU.
-* Payloads are kept as given (no copy). Pass exact-size `bytes`: a memoryview into a larger
-  receive buffer would keep that whole buffer alive while accounting only the view.
+* Payloads are kept as given (no copy). The relay hands in memoryviews of its receive
+  buffers; such a view keeps its whole underlying buffer alive while only the view's bytes
+  are charged, so what a Group really holds can exceed its charge by the rest of those
+  buffers (the transport's receive chunks: bounded by its window, not by this tier).
 * A track with a maximum cache duration (MOQT MAX_CACHE_DURATION, `set_cache_duration`) has
   its Groups expire that long after their first Object arrived: an expired Group is dropped
   when next touched, as if evicted (its Locations are unknown again, pins or not), so nothing
@@ -34,15 +36,12 @@ from cachetools import Cache, LRUCache
 
 from storage.interface import (
     OBJECT_MAX,
-    ORIGIN,
     AppendResult,
     ConflictError,
     GroupOrder,
     IdRanges,
     Location,
     ObjectStatus,
-    Span,
-    SpanKind,
     StoredObject,
     TrackInfo,
     TrackKey,
@@ -236,18 +235,6 @@ class MemoryStore:
             self._enforce_quota(st, key)
         return result
 
-    def end_group(self, track: TrackKey, group: int, object_id: int, *, subgroup: int = 0,
-                  priority: int = 0) -> AppendResult:
-        """Append the End of Group status Object {group, object_id}."""
-        return self.append(track, StoredObject(group, subgroup, object_id, priority,
-                                               ObjectStatus.END_OF_GROUP))
-
-    def end_track(self, track: TrackKey, group: int, object_id: int = 0, *, subgroup: int = 0,
-                  priority: int = 0) -> AppendResult:
-        """Append the End of Track status Object {group, object_id} (KVCS: {L, 0})."""
-        return self.append(track, StoredObject(group, subgroup, object_id, priority,
-                                               ObjectStatus.END_OF_TRACK))
-
     def abort(self, track: TrackKey) -> None:
         """The track's publisher failed: keep serving what is held, never report it complete."""
         st = self._tracks.get(track)
@@ -396,34 +383,6 @@ class MemoryStore:
         eot = st.end_of_track.location if st.end_of_track is not None else None
         return walk_range(start, stop, order, normalize_ranges(object_ids), list(st.groups),
                           lambda g: self._group(track, g, touch=True), eot, include_status)
-
-    def present_ranges(self, track: TrackKey) -> list[tuple[Location, Location]]:
-        """Maximal runs of consecutive held Object IDs, per Group, ascending (inclusive)."""
-        st = self._tracks.get(track)
-        out: list[tuple[Location, Location]] = []
-        if st is None:
-            return out
-        for g in list(st.groups):  # reading may drop an expired Group
-            grp = self._group(track, g, touch=False)
-            if grp is None:
-                continue
-            run_start = prev = None
-            for oid in grp.ids:
-                if prev is not None and oid == prev + 1:
-                    prev = oid
-                    continue
-                if run_start is not None and prev is not None:
-                    out.append((Location(g, run_start), Location(g, prev)))
-                run_start = prev = oid
-            if run_start is not None and prev is not None:
-                out.append((Location(g, run_start), Location(g, prev)))
-        return out
-
-    def gaps(self, track: TrackKey, start: Location = ORIGIN,
-             end: Location | None = None) -> list[Span]:
-        """Unknown Spans of [start, end] (end None = Largest Object): what is still missing."""
-        return [i for i in self.walk(track, start, end, include_status=True)
-                if isinstance(i, Span) and i.kind is SpanKind.UNKNOWN]
 
     def info(self, track: TrackKey) -> TrackInfo | None:
         st = self._tracks.get(track)

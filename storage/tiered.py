@@ -1,14 +1,15 @@
 """Memory in front of LMDB, the way the relay uses them.
 
 * Every Object is appended to memory. When a track is complete (End of Track, no gap) and not
-  aborted, the relay calls `commit(track)`, which writes it to LMDB in one transaction
-  (synchronously: the relay decides when, e.g. off its hot path). Memory keeps its copy until
-  LRU evicts it; LMDB then serves it.
+  aborted, the relay takes its Groups from memory (`MemoryStore.complete_track`, on its event
+  loop) and hands them to LMDB's writer thread (`LmdbStore.commit_track`), which writes them
+  in one transaction. Memory keeps its copy until LRU evicts it; LMDB then serves it.
 * Reads look in memory first and fall back to LMDB per Group: a memory Group is used when it is
   whole, or when LMDB does not hold the track. Every walk item says which tier served it, so the
   relay can count hits per tier; `Span`s are served by no tier (Tier.NONE).
 * LMDB reads are zero-copy: items from `TieredReader` are valid until the reader closes.
-* A full LMDB (`StorageFullError` from `commit`) leaves memory untouched: keep serving from it.
+* A full LMDB (`StorageFullError` from `commit_track`) leaves memory untouched: keep serving
+  from it (and retry the commit later).
 """
 
 from __future__ import annotations
@@ -18,14 +19,11 @@ from typing import Any
 
 from storage.interface import (
     OBJECT_MAX,
-    ORIGIN,
     AppendResult,
     GroupOrder,
     IdRanges,
-    IncompleteTrackError,
     Location,
     Span,
-    SpanKind,
     StoredObject,
     Tier,
     TrackInfo,
@@ -50,16 +48,6 @@ class TieredStore:
     def append(self, track: TrackKey, obj: StoredObject) -> AppendResult:
         return self.memory.append(track, obj)
 
-    def end_group(self, track: TrackKey, group: int, object_id: int, *, subgroup: int = 0,
-                  priority: int = 0) -> AppendResult:
-        return self.memory.end_group(track, group, object_id, subgroup=subgroup,
-                                     priority=priority)
-
-    def end_track(self, track: TrackKey, group: int, object_id: int = 0, *, subgroup: int = 0,
-                  priority: int = 0) -> AppendResult:
-        return self.memory.end_track(track, group, object_id, subgroup=subgroup,
-                                     priority=priority)
-
     def abort(self, track: TrackKey) -> None:
         """The publisher failed: the track is never committed (memory keeps serving it)."""
         self.memory.abort(track)
@@ -75,20 +63,6 @@ class TieredStore:
             return b""
         with self.durable.session() as s:
             return s.properties(track)
-
-    def commit(self, track: TrackKey, properties: bytes = b"") -> int:
-        """Write a complete track to LMDB; returns bytes written (0: no LMDB, or already held).
-
-        Raises `IncompleteTrackError` if memory does not hold the whole track or it was
-        aborted, `StorageFullError` if LMDB is full (nothing written).
-        """
-        if self.durable is None:
-            return 0
-        groups = self.memory.complete_track(track)
-        if groups is None:
-            why = "aborted" if self.memory.is_aborted(track) else "not complete in memory"
-            raise IncompleteTrackError(f"track {track!r} is {why}")
-        return self.durable.commit_track(track, groups, properties=properties)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -111,22 +85,6 @@ class TieredStore:
     def group_end(self, track: TrackKey, group: int) -> int | None:
         with self.reader() as r:
             return r.group_end(track, group)
-
-    def present_ranges(self, track: TrackKey) -> list[tuple[Location, Location]]:
-        with self.reader() as r:
-            return r.present_ranges(track)
-
-    def gaps(self, track: TrackKey, start: Location = ORIGIN,
-             end: Location | None = None) -> list[Span]:
-        with self.reader() as r:
-            return r.gaps(track, start, end)
-
-    def read_copy(self, track: TrackKey, start: Location, end: Location | None = None,
-                  order: GroupOrder = GroupOrder.ASCENDING,
-                  object_ids: IdRanges | None = None) -> list[tuple[Tier, StoredObject]]:
-        """`TieredReader.read` with LMDB buffers copied out (safe to keep)."""
-        with self.reader() as r:
-            return [(t, o.copy()) for t, o in r.read(track, start, end, order, object_ids)]
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"memory": self.memory.stats()}
@@ -195,25 +153,6 @@ class TieredReader:
         session = self._lmdb()
         view = session.group(track, group) if session is not None else None
         return view.end_of_group if view is not None else None
-
-    def present_ranges(self, track: TrackKey) -> list[tuple[Location, Location]]:
-        info = self._durable_info(track)
-        if info is None:
-            return self._mem.present_ranges(track)
-        session = self._lmdb()
-        assert session is not None
-        out = []
-        for g in range(info.groups):
-            view = session.group(track, g)
-            if view is not None and len(view):
-                out.append((Location(g, 0), Location(g, len(view) - 1)))
-        return out
-
-    def gaps(self, track: TrackKey, start: Location = ORIGIN,
-             end: Location | None = None) -> list[Span]:
-        """Unknown Spans of [start, end] (end None = Largest Object)."""
-        return [i for _, i in self.walk(track, start, end, include_status=True)
-                if isinstance(i, Span) and i.kind is SpanKind.UNKNOWN]
 
     def _plan(self, track: TrackKey) -> tuple[list[int], Location | None, Location | None,
                                               Callable[[int], GroupSource | None], list[Tier]]:

@@ -31,7 +31,7 @@ from relay.session import RequestCancelled, ServedSubscription, SubgroupWriter
 from relay.transport import SendStream, TransportError
 from storage.interface import StoredObject
 
-from .scheduler import SessionScheduler
+from .scheduler import DEFAULT_PUBLISHER_PRIORITY, DEFAULT_SUBSCRIBER_PRIORITY, SessionScheduler
 
 log = logging.getLogger("kvcs.relay")
 
@@ -66,9 +66,6 @@ class Forwarder:
         self._ready = asyncio.Event()
         self._finished = asyncio.Event()
         self.params = params
-        self.subscriber_priority = params.subscriber_priority if \
-            params.subscriber_priority is not None else 128
-        self.forward = params.forward is not False
         self.scheduler = scheduler
         self.start = start
         self.end = end
@@ -85,9 +82,23 @@ class Forwarder:
         self._done_status: int | None = None
         self._done_reason = ""
         self._holds = 0
-        self.objects_sent = 0
-        self.bytes_sent = 0
         self.counters: Any = None  # the Relay's Counters (objects sent, too far behind)
+
+    # Forward and Subscriber Priority are the subscription's (REQUEST_UPDATE changes them
+    # there); until it is attached, what the SUBSCRIBE asked for.
+
+    @property
+    def forward(self) -> bool:
+        if self.served is not None:
+            return self.served.forward
+        return self.params.forward is not False
+
+    @property
+    def subscriber_priority(self) -> int:
+        if self.served is not None:
+            return self.served.subscriber_priority
+        p = self.params.subscriber_priority
+        return p if p is not None else DEFAULT_SUBSCRIBER_PRIORITY
 
     def attach(self, served: ServedSubscription) -> None:
         self.served = served
@@ -116,7 +127,7 @@ class Forwarder:
 
     def offer(self, stream_key: int, header: SubgroupHeader, obj: StoredObject,
               first_in_stream: bool) -> None:
-        if self.closed or not (self.served.forward if self.served is not None else self.forward):
+        if self.closed or not self.forward:
             return
         down = self._streams.get(stream_key)
         if down is None:
@@ -147,7 +158,8 @@ class Forwarder:
             return
         h = down.header
         sub = h.subgroup_id or 0
-        prio = h.publisher_priority if h.publisher_priority is not None else 128
+        prio = h.publisher_priority if h.publisher_priority is not None \
+            else DEFAULT_PUBLISHER_PRIORITY
         self.pending += 1
         self.scheduler.push((self.subscriber_priority, prio, h.group_id, sub, _END),
                             self._emit, (stream_key, None, fin), down)
@@ -227,8 +239,6 @@ class Forwarder:
         if obj.status == ObjectStatus.NORMAL:
             props = bytes(obj.properties) if obj.properties else None
             await w.write_object(obj.object_id, obj.payload, properties=props)
-            self.objects_sent += 1
-            self.bytes_sent += len(obj.payload)
             if self.counters is not None:
                 self.counters.inc("objects_sent")
                 self.counters.inc("bytes_sent", len(obj.payload))

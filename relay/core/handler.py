@@ -9,7 +9,13 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from relay.moqt.codes import GroupOrder, LocationFilterType, ObjectStatus, RequestErrorCode
+from relay.moqt.codes import (
+    GroupOrder,
+    LocationFilterType,
+    ObjectStatus,
+    PropertyType,
+    RequestErrorCode,
+)
 from relay.moqt.errors import RequestError
 from relay.moqt.location_filter import (
     LocationFilter,
@@ -39,10 +45,12 @@ from relay.session.errors import SessionFailure
 from relay.transport import TransportError
 from storage.interface import OBJECT_MAX, Tier
 
+from . import cache
 from .auth import Role, token_values
+from .cache import relay_location
 from .forwarder import Forwarder
 from .namespaces import NamespaceListener, PublisherEntry
-from .scheduler import ScheduledWriter, SessionScheduler
+from .scheduler import DEFAULT_SUBSCRIBER_PRIORITY, ScheduledWriter, SessionScheduler
 from .track import RelayTrack
 from .upstream import UNREACHABLE
 
@@ -51,6 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvcs.relay")
 
+# The Location filters that name their start (FETCH bounds come from them alone)
 _ABSOLUTE = (LocationFilterType.ABSOLUTE_START, LocationFilterType.ABSOLUTE_START_GROUP_END,
              LocationFilterType.ABSOLUTE_RANGE)
 
@@ -69,7 +78,8 @@ def _group_order(track: RelayTrack, *chosen: GroupOrder | None) -> GroupOrder:
         if order is not None:
             return order
     for p in track.properties:
-        if p.type == 0x22 and p.value in (1, 2):
+        if p.type == PropertyType.DEFAULT_PUBLISHER_GROUP_ORDER and \
+                p.value in GroupOrder._value2member_map_:
             return GroupOrder(p.value)
     return GroupOrder.ASCENDING
 
@@ -262,14 +272,12 @@ class RelayHandler(SessionHandler):
             after = override_filters(fwd.range_filters, p.range_filters)
             try:
                 check_filter_ranges(Params(range_filters=after, fill=p.fill),
-                                    self.relay.options.max_filter_ranges)
+                                    self.relay.options.session.max_filter_ranges)
             except RequestError as e:
                 raise RequestRejected(e.code, e.reason) from None
             fwd.update_filters(p.range_filters)
-        if p.forward is not None:
-            fwd.forward = p.forward
-        if p.subscriber_priority is not None:
-            fwd.subscriber_priority = p.subscriber_priority
+        # Forward and Subscriber Priority: the subscription applied them already, the
+        # Forwarder reads them from it
         if p.location_filter is not None:
             lf = None if p.location_filter.type == LocationFilterType.NONE else p.location_filter
             live = resolve_subscription_range(lf, largest)
@@ -291,7 +299,7 @@ class RelayHandler(SessionHandler):
         """L is an End of Group the fill covered and the live part starts right after:
         say on the live path that the Group is over (see Forwarder.announce_group_end)."""
         with track.store.reader() as r:
-            eog = next((o for _, o in r.read(track.key, largest, largest)), None)
+            eog = next(cache.read(r, track.key, largest, largest), None)
         if eog is not None and eog.status == ObjectStatus.END_OF_GROUP and not eog.datagram:
             fwd.announce_group_end(eog.group, eog.subgroup, eog.priority)
 
@@ -398,14 +406,15 @@ class RelayHandler(SessionHandler):
                 end.group == lf.end_group:
             end = await self._group_end_location(track, rng.start, end,
                                                  max(0.0, deadline - loop.time()))
-        final = track.store.known_final(track.key)
-        end_of_track = final is not None and Location(final.group, final.object) <= end and \
+        final = relay_location(track.store.known_final(track.key))
+        end_of_track = final is not None and final <= end and \
             end >= largest
         started = asyncio.get_running_loop().time()
         writer = ScheduledWriter(await req.accept(end_of_track, end, _props(track, params)),
                                  self.scheduler(self._sess(req)),
                                  params.subscriber_priority
-                                 if params.subscriber_priority is not None else 128)
+                                 if params.subscriber_priority is not None
+                                 else DEFAULT_SUBSCRIBER_PRIORITY)
         lease = track.store.pin(track.key, rng.start.group, end.group)
         relay.counters.inc("fetches_active")
         try:
@@ -451,7 +460,7 @@ class RelayHandler(SessionHandler):
 
     @staticmethod
     def _requested_bounds(lf: LocationFilter | None) -> tuple[Location, Location]:
-        big = (1 << 64) - 1
+        big = OBJECT_MAX
         if lf is None or lf.type not in _ABSOLUTE:
             return Location(0, 0), Location(big, big)
         start = Location(lf.start_group, lf.start_object)

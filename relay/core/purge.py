@@ -71,8 +71,9 @@ async def purge(relay: Relay, prefix: TrackNamespace) -> PurgeResult:
             tiers = tiers_of(relay, key)
             result.subscriptions_ended += await _stop_track(relay, FullTrackName(*key))
             relay.store.memory.drop_track(key)
-            if relay.store.durable is not None:
-                await asyncio.to_thread(relay.store.durable.delete_track, key)
+            durable = relay.store.durable
+            if durable is not None:
+                await asyncio.wrap_future(durable.submit(durable.delete_track, key))
             result.removed.append(Removed(key, sorted(tiers), sum(tiers.values())))
     purged_ns = {k[0] for k in keys}
     for ns in list(relay.namespaces.namespaces()):

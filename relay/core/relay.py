@@ -37,10 +37,16 @@ from relay.session import (
 )
 from relay.session.errors import SessionFailure
 from relay.transport import Connection, TransportError
-from storage.interface import OBJECT_MAX, IncompleteTrackError, StorageFullError, StoredObject
+from storage.interface import (
+    OBJECT_MAX,
+    IncompleteTrackError,
+    StorageFullError,
+    TrackTooLargeError,
+)
 from storage.tiered import TieredStore
 
 from .auth import Authorizer
+from .cache import stored_object
 from .handler import RelayHandler
 from .namespaces import NamespaceTable, PublisherEntry
 from .track import MarkerSpans, RelayTrack
@@ -50,15 +56,22 @@ log = logging.getLogger("kvcs.relay")
 
 CACHE = "cache"  # the namespace source of Tracks the relay itself holds in LMDB
 
-_ABSOLUTE = (LocationFilterType.ABSOLUTE_START, LocationFilterType.ABSOLUTE_START_GROUP_END,
-             LocationFilterType.ABSOLUTE_RANGE)
+
+# The relay evaluates every Range filter on every path, so it advertises more Ranges than the
+# session layer's client default (docs/relay.md, "Range filters").
+RELAY_MAX_FILTER_RANGES = 16
+
+
+def _relay_session_config() -> SessionConfig:
+    return SessionConfig(max_filter_ranges=RELAY_MAX_FILTER_RANGES)
 
 
 @dataclass
 class RelayOptions:
-    max_filter_ranges: int = 16
-    max_request_updates: int = 4
-    implementation: str = "kvcs-relay/0.1"
+    # What every session of the relay advertises (SETUP) and tolerates: the session layer's
+    # own defaults (relay.session.SessionConfig) but for MAX_FILTER_RANGES. Its upstream
+    # links use the same, with their own authorization token.
+    session: SessionConfig = field(default_factory=_relay_session_config)
     # A subscriber's queued-but-unsent bytes beyond this end its subscription (TOO_FAR_BEHIND).
     max_backlog_bytes: int = 256 * 1024 * 1024
     # FILL_TIMEOUT when a fill or FETCH does not give one (seconds).
@@ -139,10 +152,7 @@ class Relay:
 
     @property
     def session_config(self) -> SessionConfig:
-        o = self.options
-        return SessionConfig(max_filter_ranges=o.max_filter_ranges,
-                             max_request_updates=o.max_request_updates,
-                             implementation=o.implementation)
+        return self.options.session
 
     # -- sessions ---------------------------------------------------------------------------------
 
@@ -227,17 +237,19 @@ class Relay:
         del self.tracks[track.full_name]
         self.store.memory.set_cache_duration(track.key, None)
 
-    async def _commit(self, track: RelayTrack) -> None:
-        """Persist a complete Track to LMDB, off the event loop, one commit at a time."""
+    async def _commit(self, track: RelayTrack) -> bool:
+        """Persist a complete Track to LMDB, on the store's writer thread, one commit at a
+        time. Returns True when LMDB could not take it *now* (full map or disk, read
+        sessions in the way of a resize): the Track asks again later (``RelayTrack``)."""
         durable = self.store.durable
         if durable is None:
-            return
+            return False
         async with self._commit_lock:
             if track.committed:
-                return
+                return False
             groups = self.store.memory.complete_track(track.key)
             if groups is None:
-                return  # a gap, or aborted: never persisted
+                return False  # a gap, aborted, or no longer whole in memory: never persisted
             # MAX_CACHE_DURATION (§12) counts from when the Objects arrived, not from the
             # commit: the oldest Group's time bounds the whole Track in LMDB
             expires_at = None
@@ -246,17 +258,21 @@ class Relay:
             if duration is not None and first is not None:
                 expires_at = first + duration
                 if expires_at <= self._clock():
-                    return  # already too old to be served: not worth a write
+                    return False  # already too old to be served: not worth a write
             try:
-                n = await asyncio.to_thread(durable.commit_track, track.key, groups,
-                                            properties=encode_kvps(track.properties),
-                                            expires_at=expires_at)
-            except StorageFullError as e:
-                log.warning("LMDB full, %r stays in memory only: %s", track, e)
+                n = await asyncio.wrap_future(durable.submit(
+                    durable.commit_track, track.key, groups,
+                    properties=encode_kvps(track.properties), expires_at=expires_at))
+            except TrackTooLargeError as e:
+                log.warning("%r stays in memory only: %s", track, e)
                 self.counters.inc("lmdb_full")
-                return
+                return False
+            except StorageFullError as e:
+                log.warning("LMDB cannot take %r now, retrying: %s", track, e)
+                self.counters.inc("lmdb_full")
+                return True
             except IncompleteTrackError:
-                return
+                return False
             track.committed = True
             self._announce_cached(track.full_name.namespace)
             if durable.evicted_tracks != self._evictions_seen:
@@ -270,6 +286,7 @@ class Relay:
             if n:  # 0: another worker had committed it already (docs/workers.md)
                 self.counters.inc("lmdb_committed_tracks")
                 self.counters.inc("lmdb_committed_bytes", n)
+            return False
 
     async def _withdraw_unheld(self) -> None:
         """Namespaces LMDB no longer holds any Track of are done (NAMESPACE_DONE, unless a
@@ -277,7 +294,8 @@ class Relay:
         durable = self.store.durable
         if durable is None:
             return
-        held = {tuple(ns) for ns, _ in await asyncio.to_thread(durable.tracks)}
+        # on the writer thread: after the write that evicted, and off the event loop
+        held = {tuple(ns) for ns, _ in await asyncio.wrap_future(durable.submit(durable.tracks))}
         for ns in [ns for ns in self._cached_ns if ns not in held]:
             self.namespaces.remove_publisher(self._cached_ns.pop(ns))
 
@@ -314,11 +332,11 @@ class Relay:
         self._expiry_at = self._expiry_timer = None
         if durable is None:
             return 0
-        removed = await asyncio.to_thread(durable.expire)
+        removed = await asyncio.wrap_future(durable.submit(durable.expire))
         if removed:
             self.counters.inc("lmdb_expired_tracks", removed)
             await self._withdraw_unheld()
-        self._arm_expiry(await asyncio.to_thread(durable.next_expiry))
+        self._arm_expiry(await asyncio.wrap_future(durable.submit(durable.next_expiry)))
         return removed
 
     async def wait_committed(self, name: FullTrackName, timeout: float = 10.0) -> bool:
@@ -483,9 +501,7 @@ class Relay:
                     if isinstance(ev, ReceivedObject):
                         self.counters.inc("upstream_fetch_objects")
                         spans.element(ev.location)
-                        track.append_fetched(StoredObject(
-                            ev.group, ev.subgroup, ev.object_id, ev.priority, 0,
-                            ev.properties or b"", ev.payload))
+                        track.append_fetched(stored_object(ev))
                     elif isinstance(ev, RangeMarker):
                         spans.marker(ev)
                 # FIN, no Range filters: what was skipped up to End Location does not exist
@@ -592,6 +608,14 @@ class Relay:
         if self._expiry_task is not None and not self._expiry_task.done():
             # let a purge in its thread finish before the store closes under it
             await asyncio.wait({self._expiry_task}, timeout=5.0)
+        # commits still pending (waiting to retry, after the drain): a write the writer
+        # thread has begun finishes anyway before the store closes (LmdbStore.close)
+        pending = [t._commit_task for t in self.tracks.values()
+                   if t._commit_task is not None and not t._commit_task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
         for s in list(self.sessions):
             s.close(SessionErrorCode.NO_ERROR, "relay shutting down")
         if self.upstream is not None:

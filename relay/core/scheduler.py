@@ -34,6 +34,11 @@ log = logging.getLogger("kvcs.relay")
 
 Emit = Callable[[Any], Awaitable[None]]
 
+# Priorities of a request or Object that gives none (§6.1 SUBSCRIBER_PRIORITY; a subgroup
+# header with DEFAULT_PRIORITY, §11.2): the middle of the range.
+DEFAULT_SUBSCRIBER_PRIORITY = 128
+DEFAULT_PUBLISHER_PRIORITY = 128
+
 # How long a waiting write is watched before the writer looks at whether its stream alone
 # holds it (a heuristic on progress, see the module doc; never a deadline for the write).
 STUCK_CHECK = 0.05
@@ -159,7 +164,7 @@ class ScheduledWriter:
         self._scheduler = scheduler
         self._priority = subscriber_priority
         # markers and the FIN go with the priority of the Object before them
-        self._key: tuple[int, ...] = (subscriber_priority, 128, 0, 0, 0)
+        self._key: tuple[int, ...] = (subscriber_priority, DEFAULT_PUBLISHER_PRIORITY, 0, 0, 0)
 
     @property
     def send_stream(self) -> SendStream | None:

@@ -44,8 +44,9 @@ from storage.interface import (
     Tier,
     TrackKey,
 )
-from storage.interface import GroupOrder as StoreOrder
-from storage.interface import Location as StoreLocation
+
+from . import cache
+from .cache import relay_location, status_object, stored_object
 
 if TYPE_CHECKING:
     from storage.tiered import TieredStore
@@ -59,6 +60,14 @@ log = logging.getLogger("kvcs.relay")
 _PASS_THROUGH = {PublishDoneCode.TRACK_ENDED, PublishDoneCode.MALFORMED_TRACK}
 
 UpstreamFetch = Callable[["RelayTrack", Location, Location], Awaitable[bool]]
+
+# Bytes of Objects read from the store in one step of a walk before they are written: LMDB
+# views cannot outlive the step, so the LMDB-held ones among them are copied.
+READ_BATCH = 256 * 1024
+
+# Pauses between attempts of a commit LMDB could not take (seconds, doubling up to the max).
+COMMIT_RETRY_FIRST = 0.05
+COMMIT_RETRY_MAX = 5.0
 
 
 Spans = list[tuple[Location, Location]]
@@ -137,7 +146,7 @@ class ServeStats:
 
 class RelayTrack:
     def __init__(self, full_name: FullTrackName, store: TieredStore,
-                 on_commit: Callable[[RelayTrack], Awaitable[None]] | None = None) -> None:
+                 on_commit: Callable[[RelayTrack], Awaitable[bool]] | None = None) -> None:
         self.full_name = full_name
         self.key: TrackKey = (tuple(full_name.namespace), bytes(full_name.name))
         self.store = store
@@ -173,11 +182,10 @@ class RelayTrack:
 
     def largest(self) -> Location | None:
         """The relay's Largest Object: never less than what upstream reported (§6.3)."""
-        cached = self.store.largest_object(self.key)
+        loc = relay_location(self.store.largest_object(self.key))
         up = self.upstream_largest
-        if cached is None:
+        if loc is None:
             return up
-        loc = Location(cached.group, cached.object)
         return loc if up is None or loc > up else up
 
     def set_properties(self, properties: Sequence[Any]) -> None:
@@ -272,9 +280,7 @@ class RelayTrack:
             await self._upstream_gone(status, reason)
 
     def _on_object(self, ev: ReceivedObject, seen_streams: set[int]) -> None:
-        obj = StoredObject(ev.group, ev.subgroup, ev.object_id, ev.priority, int(ev.status),
-                           ev.properties or b"", ev.payload,
-                           ev.stream.source is Source.DATAGRAM)
+        obj = stored_object(ev)
         if self.counters is not None and ev.status == ObjectStatus.NORMAL:
             self.counters.inc("objects_received")
             self.counters.inc("bytes_received", len(ev.payload))
@@ -311,8 +317,8 @@ class RelayTrack:
                 (final_loc is not None and Location(g, end) >= final_loc):
             return
         try:
-            self.store.append(self.key, StoredObject(g, final.subgroup, end, final.priority,
-                                                     int(ObjectStatus.END_OF_GROUP)))
+            self.store.append(self.key, status_object(g, final.subgroup, end, final.priority,
+                                                      ObjectStatus.END_OF_GROUP))
         except ConflictError as e:  # a larger Object of the Group is cached: §14.2
             log.warning("%r is malformed: %s", self, e)
             self.malformed = True
@@ -331,9 +337,15 @@ class RelayTrack:
         self._commit_task = asyncio.ensure_future(self._commit())
 
     async def _commit(self) -> None:
+        """Commit until it is done or can never be: a commit LMDB cannot take now is
+        retried after a growing pause (the Track stays served from memory meanwhile)."""
+        pause = COMMIT_RETRY_FIRST
         while self._on_commit is not None and not self.committed:
             self._commit_again = False
-            await self._on_commit(self)
+            if await self._on_commit(self):
+                await asyncio.sleep(pause)  # a back-off timer, nothing to wait for
+                pause = min(pause * 2, COMMIT_RETRY_MAX)
+                continue
             if not self._commit_again:
                 break
         self._bump()  # wake whoever waits for the commit
@@ -415,24 +427,16 @@ class RelayTrack:
                            id_ranges: list[tuple[int, int | None]] | None,
                            flt: ObjectFilter | None, stats: ServeStats,
                            last_group: int | None) -> tuple[Span | None, int | None, int | None]:
-        """Write Group ``g`` from ``cursor`` to ``hi``; stop at the first unknown span."""
-        with self.store.reader() as r:
-            for tier, item in r.walk(self.key, StoreLocation(g, cursor),
-                                     StoreLocation(g, hi), StoreOrder.ASCENDING, id_ranges):
-                if isinstance(item, Span):
-                    if item.kind == SpanKind.NON_EXISTENT:
-                        continue
-                    sp = self._still_unknown(
-                        Span(item.kind, Location(*item.start), Location(*item.end)))
-                    if sp is None:
-                        continue
-                    return sp, sp.start.object, last_group
-                if item.status != ObjectStatus.NORMAL:
-                    continue
+        """Write Group ``g`` from ``cursor`` to ``hi``; stop at the first unknown span.
+
+        No read session stays open across a write (a stalled consumer would keep LMDB from
+        growing its map, storage/lmdb_store.py): each batch is read in one synchronous step,
+        with the LMDB-held payloads in it copied out (memory-tier ones are kept as they
+        are), then written."""
+        while True:
+            batch, span, nxt = self._read_batch(g, cursor, hi, id_ranges, flt)
+            for tier, item in batch:
                 sub = None if item.datagram else item.subgroup
-                if flt is not None and not flt.passes(sub, item.object_id, item.priority,
-                                                      item.properties):
-                    continue
                 props = bytes(item.properties) if item.properties else None
                 await writer.write_object(item.group, sub, item.object_id, item.priority,
                                           item.payload, properties=props)
@@ -440,7 +444,41 @@ class RelayTrack:
                 stats.bytes += len(item.payload)
                 stats.by_tier[tier] = stats.by_tier.get(tier, 0) + 1
                 last_group = g
-        return None, None, last_group
+            if span is not None:
+                return span, span.start.object, last_group
+            if nxt is None:
+                return None, None, last_group
+            cursor = nxt
+
+    def _read_batch(self, g: int, cursor: int, hi: int,
+                    id_ranges: list[tuple[int, int | None]] | None, flt: ObjectFilter | None
+                    ) -> tuple[list[tuple[Tier, StoredObject]], Span | None, int | None]:
+        """The Objects of Group ``g`` from ``cursor`` to write next (about ``READ_BATCH``
+        bytes), safe to keep once the read session is closed; then the unknown span that
+        stops the walk, or the Object ID to read on from (None: the Group is done)."""
+        out: list[tuple[Tier, StoredObject]] = []
+        size = 0
+        with self.store.reader() as r:
+            for tier, item in cache.walk(r, self.key, Location(g, cursor), Location(g, hi),
+                                         id_ranges):
+                if isinstance(item, Span):
+                    if item.kind == SpanKind.NON_EXISTENT:
+                        continue
+                    sp = self._still_unknown(item)
+                    if sp is None:
+                        continue
+                    return out, sp, None
+                if item.status != ObjectStatus.NORMAL:
+                    continue
+                sub = None if item.datagram else item.subgroup
+                if flt is not None and not flt.passes(sub, item.object_id, item.priority,
+                                                      item.properties):
+                    continue
+                if size >= READ_BATCH:
+                    return out, None, item.object_id
+                out.append((tier, item.copy() if tier == Tier.LMDB else item))
+                size += item.nbytes
+        return out, None, None
 
     async def _resolve(self, span: Span, deadline: float, upstream_fetch: UpstreamFetch | None,
                        stats: ServeStats, in_flight_wait: float) -> bool:
@@ -469,8 +507,7 @@ class RelayTrack:
         if self._still_unknown(span) != span:
             return True
         with self.store.reader() as r:
-            for _, item in r.walk(self.key, StoreLocation(*span.start),
-                                  StoreLocation(*span.end), StoreOrder.ASCENDING):
+            for _, item in cache.walk(r, self.key, span.start, span.end):
                 if not (isinstance(item, Span) and item.kind == SpanKind.UNKNOWN
                         and tuple(item.start) == tuple(span.start)
                         and tuple(item.end) == tuple(span.end)):
@@ -482,11 +519,9 @@ class RelayTrack:
         """Record the gaps of [start, end] as known not to exist (see ``absent``), except
         the ``unknown`` ranges the upstream reported with markers."""
         with self.store.reader() as r:
-            for _, item in r.walk(self.key, StoreLocation(*start), StoreLocation(*end),
-                                  StoreOrder.ASCENDING):
+            for _, item in cache.walk(r, self.key, start, end):
                 if isinstance(item, Span) and item.kind == SpanKind.UNKNOWN:
-                    self.absent += _subtract((Location(*item.start), Location(*item.end)),
-                                             unknown)
+                    self.absent += _subtract((item.start, item.end), unknown)
         self._bump()
 
     def _still_unknown(self, span: Span) -> Span | None:
@@ -509,10 +544,10 @@ class RelayTrack:
         """The largest Location of ``group`` the cache holds an Object for."""
         last = None
         with self.store.reader() as r:
-            for _, obj in r.read(self.key, StoreLocation(group, 0),
-                                 StoreLocation(group, OBJECT_MAX)):
+            for obj in cache.read(r, self.key, Location(group, 0),
+                                  Location(group, OBJECT_MAX)):
                 last = obj.location
-        return Location(*last) if last is not None else None
+        return relay_location(last)
 
     def append_fetched(self, obj: StoredObject) -> None:
         """An Object learned from an upstream FETCH (cached like any other, §14.6 step 5)."""

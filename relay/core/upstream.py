@@ -42,7 +42,6 @@ class UpstreamLink:
         self.dial_timeout = dial_timeout
         self._session: MoqtSession | None = None
         self._dialing: asyncio.Future[MoqtSession | None] | None = None
-        self.on_connect: list[object] = []
         self._backoff = 0.0
         self._retry_at = 0.0  # loop time before which no dial is tried
         self.connects = 0  # sessions established (the first one and every reconnection)

@@ -107,7 +107,7 @@ async def test_expiry_from_lmdb_sends_namespace_done(tmp_path: Path, kind: str) 
                         break
         assert seen == [True, False]
         assert r.relay.counters.get("lmdb_expired_tracks") == 1
-        assert not r.store.durable.contains(name_key := r.relay.tracks[name].key)
+        assert not r.store.durable.info(name_key := r.relay.tracks[name].key)
         if kind == "max_cache_duration":  # the memory copy is as old: nothing is served
             try:
                 resp = await asyncio.wait_for(c.fetch(ns, name.name), TIMEOUT)

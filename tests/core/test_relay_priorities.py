@@ -182,7 +182,7 @@ async def test_a_subscription_blocked_by_flow_control_does_not_stall_the_others(
         assert got == flowing.sent
         # ... while the unread subscription is still held back (the test did block it)
         fwd = next(iter(r.relay.tracks[stuck_name].forwarders))
-        assert fwd.pending > 0 and fwd.objects_sent < 48
+        assert fwd.pending > 0  # Objects of it still wait to be sent
         s_stuck.cancel()
     finally:
         await r.close()

@@ -153,3 +153,26 @@ def crash_track(i: int) -> list[list[StoredObject]]:
 def deleted_by_child(i: int) -> bool:
     """crash_child.py deletes track i when it commits track i + 3 and (i + 3) % 5 == 0."""
     return (i + 3) % 5 == 0
+
+
+def end_group(store: object, track: TrackKey, group: int, object_id: int) -> object:
+    """Append the End of Group status Object {group, object_id} (as the relay caches it)."""
+    return store.append(track, StoredObject(group, 0, object_id, 0,  # type: ignore[attr-defined]
+                                            ObjectStatus.END_OF_GROUP))
+
+
+def end_track(store: object, track: TrackKey, group: int, object_id: int = 0) -> object:
+    """Append the End of Track status Object {group, object_id} (KVCS: {L, 0})."""
+    return store.append(track, StoredObject(group, 0, object_id, 0,  # type: ignore[attr-defined]
+                                            ObjectStatus.END_OF_TRACK))
+
+
+def unknown_spans(items: Iterable[object]) -> list[Span]:
+    """The UNKNOWN Spans of a walk (tiered walks yield (tier, item) pairs)."""
+    out = []
+    for it in items:
+        item = it[1] if isinstance(it, tuple) and not isinstance(it, (Span, StoredObject)) \
+            else it
+        if isinstance(item, Span) and item.kind is SpanKind.UNKNOWN:
+            out.append(item)
+    return out

@@ -16,6 +16,7 @@ from storage.interface import (
     StorageError,
     StorageFullError,
     StoredObject,
+    TrackTooLargeError,
 )
 from storage.lmdb_store import LmdbStore
 
@@ -23,7 +24,8 @@ KiB = 1024
 
 
 def _stored(store: LmdbStore, t: tuple) -> list[tuple]:
-    return describe(store.read_copy(t, Location(0, 0)))
+    with store.session() as s:
+        return describe(o.copy() for o in s.read(t, Location(0, 0)))
 
 
 def test_commit_reopen_bit_identical(tmp_path: Path) -> None:
@@ -50,8 +52,8 @@ def test_long_binary_track_names(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path, capacity=1 << 20)
     t = (tuple(bytes([i]) * 200 for i in range(10)), b"\x00\xff" * 300)  # > 511-byte LMDB keys
     store.commit_track(t, full_track([1]))
-    assert store.tracks() == [t] and store.contains(t)
-    assert not store.contains((t[0], b"other"))
+    assert store.tracks() == [t] and store.info(t)
+    assert not store.info((t[0], b"other"))
     store.close()
 
 
@@ -129,7 +131,7 @@ def test_max_age_with_injected_clock(tmp_path: Path) -> None:
     clock.now += 30
     store.commit_track(track_key(1), full_track([2]))
     clock.now += 31  # track 0 is 61 s old, track 1 31 s
-    assert not store.contains(track_key(0)) and store.contains(track_key(1))
+    assert not store.info(track_key(0)) and store.info(track_key(1))
     assert store.tracks() == [track_key(1)]
     assert store.expire() == 1
     assert store.stats()["tracks"] == 1
@@ -151,7 +153,7 @@ def test_expiry_time_committed_with_a_track(tmp_path: Path) -> None:
     store.commit_track(track_key(2), full_track([2]))  # no expiry: stays
     assert store.next_expiry() == clock.now + 10
     clock.now += 10
-    assert not store.contains(track_key(0)) and store.contains(track_key(1))
+    assert not store.info(track_key(0)) and store.info(track_key(1))
     assert store.tracks() == [track_key(1), track_key(2)]
     assert store.expire() == 1
     assert store.next_expiry() == clock.now + 10
@@ -179,22 +181,73 @@ def test_map_grows_then_evicts_then_reports_full(tmp_path: Path) -> None:
         assert _stored(store, t) == describe(flat(groups))
     with pytest.raises(StorageFullError):
         store.commit_track(track_key(50), full_track([80], size=48 * KiB))  # > the whole map
-    assert not store.contains(track_key(50))
+    assert not store.info(track_key(50))
     assert store.bytes_used == sum(store.info(t).nbytes for t in store.tracks())  # type: ignore[union-attr]
     store.close()
 
 
-def test_map_does_not_grow_under_open_readers(tmp_path: Path) -> None:
+def test_map_grows_only_once_no_read_session_is_open(tmp_path: Path) -> None:
+    """A session held past ``resize_wait`` (here by the committing thread itself) makes a
+    commit that needs a larger map fail, retryably, and leaves its views intact; once the
+    session is closed the same commit grows the map."""
     store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=4 << 20,
-                      initial_map_size=128 * KiB)
+                      initial_map_size=128 * KiB, resize_wait=0.05)
     store.commit_track(track_key(0), full_track([1]))
     with store.session() as s:
         view = s.group(track_key(0), 0)
         assert view is not None
-        with pytest.raises(StorageFullError, match="read sessions"):
+        with pytest.raises(StorageFullError, match="read sessions") as refused:
             store.commit_track(track_key(1), full_track([16], size=32 * KiB))
+        assert not isinstance(refused.value, TrackTooLargeError)  # worth a retry
         assert bytes(next(view.objects()).payload) == bytes(full_track([1])[0][0].payload)
+        assert store.stats()["map_size"] == 128 * KiB
     store.commit_track(track_key(1), full_track([16], size=32 * KiB))  # now it may grow
+    assert store.stats()["map_size"] > 128 * KiB
+    store.close()
+
+
+def test_a_resize_waits_for_a_read_session_on_another_thread(tmp_path: Path) -> None:
+    """The writer thread owns the resize: it waits for the session another thread holds,
+    and new sessions wait for the resize, so no view ever points into an unmapped map."""
+    store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=4 << 20,
+                      initial_map_size=128 * KiB, resize_wait=30.0)
+    store.commit_track(track_key(0), full_track([1]))
+    expected = bytes(full_track([1])[0][0].payload)
+    with store.session() as s:
+        view = s.group(track_key(0), 0)
+        assert view is not None
+        commit = store.submit(store.commit_track, track_key(1),
+                              full_track([16], size=32 * KiB))
+        with store._gate._cond:  # the writer is now waiting for this session to close
+            assert store._gate._cond.wait_for(lambda: store._gate.resizing, 10.0)
+        assert not commit.done()
+        assert bytes(next(view.objects()).payload) == expected
+    assert commit.result(10.0) > 0
+    assert store.stats()["map_size"] > 128 * KiB
+    assert _stored(store, track_key(1)) == describe(flat(full_track([16], size=32 * KiB)))
+    store.close()
+
+
+def test_every_write_runs_on_the_one_writer_thread(tmp_path: Path) -> None:
+    """Writes called from any thread are performed by the writer thread, one at a time."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=16 << 20,
+                      initial_map_size=128 * KiB)
+    seen: set[int] = set()
+    real = store._writing
+
+    def spy():  # type: ignore[no-untyped-def]
+        seen.add(threading.get_ident())
+        return real()
+
+    store._writing = spy  # type: ignore[method-assign]
+    with ThreadPoolExecutor(4) as pool:
+        sizes = list(pool.map(lambda i: store.commit_track(
+            track_key(i), full_track([8], size=16 * KiB, salt=i)), range(8)))
+    assert all(sizes) and len(store.tracks()) == 8
+    assert seen == {store._writer_ident} and store._writer_ident != threading.get_ident()
     store.close()
 
 

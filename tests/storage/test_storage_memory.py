@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 from fake_clock import Clock
-from storage_helpers import flat, full_track, track_key
+from storage_helpers import end_group, end_track, flat, full_track, track_key, unknown_spans
 
 from storage.interface import (
     OBJECT_MAX,
@@ -46,24 +46,24 @@ def test_duplicates_and_conflicts() -> None:
         mem.append(T, StoredObject(0, 1, 0, 5, payload=b"same"))  # other Subgroup
     mem.append(T, obj(0, 3))
     with pytest.raises(ConflictError):  # End of Group below a held Object
-        mem.end_group(T, 0, 2)
-    mem.end_group(T, 0, 4)
+        end_group(mem, T, 0, 2)
+    end_group(mem, T, 0, 4)
     with pytest.raises(ConflictError):
-        mem.end_group(T, 0, 5)
+        end_group(mem, T, 0, 5)
     assert mem.append(T, obj(0, 7)) is AppendResult.NON_EXISTENT
     mem.append(T, obj(2, 1))
     with pytest.raises(ConflictError):  # End of Track below the Largest Object
-        mem.end_track(T, 2, 0)
-    mem.end_track(T, 3, 0)
+        end_track(mem, T, 2, 0)
+    end_track(mem, T, 3, 0)
     assert mem.append(T, obj(3, 1)) is AppendResult.NON_EXISTENT
     assert mem.append(T, obj(9, 0)) is AppendResult.NON_EXISTENT
     with pytest.raises(ConflictError):
-        mem.end_track(T, 4, 0)
+        end_track(mem, T, 4, 0)
     with pytest.raises(ConflictError):
         mem.append(T, StoredObject(1, 0, 0, 5, status=2))
 
 
-def test_completeness_present_ranges_and_gaps() -> None:
+def test_completeness_and_gaps() -> None:
     mem = MemoryStore(1 << 24)
     groups = full_track([3, 3], size=8)
     objs = flat(groups)
@@ -72,10 +72,8 @@ def test_completeness_present_ranges_and_gaps() -> None:
         mem.append(T, o)
     assert not mem.is_complete(T) and mem.complete_track(T) is None
     assert mem.known_final(T) == Location(2, 0)
-    assert mem.present_ranges(T) == [
-        (Location(0, 0), Location(0, 0)), (Location(0, 2), Location(0, 3)),
-        (Location(1, 0), Location(1, 3)), (Location(2, 0), Location(2, 0))]
-    assert mem.gaps(T) == [Span(SpanKind.UNKNOWN, Location(0, 1), Location(0, 1))]
+    assert unknown_spans(mem.walk(T, Location(0, 0), include_status=True)) == [
+        Span(SpanKind.UNKNOWN, Location(0, 1), Location(0, 1))]
     mem.append(T, missing)
     assert mem.is_complete(T)
     assert mem.complete_track(T) == groups
@@ -135,7 +133,7 @@ def test_eviction_makes_locations_unknown_not_nonexistent() -> None:
     mem = MemoryStore(one_group + 10)
     mem.append(T, obj(0, 0, b"a" * 500))
     mem.append(T, obj(0, 1, b"a" * 500))
-    mem.end_group(T, 0, 2)
+    end_group(mem, T, 0, 2)
     assert mem.group_end(T, 0) == 2
     mem.append(T, obj(1, 0, b"b" * 500))  # evicts Group 0 with its End of Group
     assert mem.group_end(T, 0) is None

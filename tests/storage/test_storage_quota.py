@@ -56,8 +56,8 @@ def test_lmdb_scope_quota_evicts_own_tracks_and_books_survive_reopen(tmp_path: P
         size = db.commit_track(_key(A, 0), _track())
         for i in range(6):
             db.commit_track(_key(B, i), _track())
-        assert db.contains(_key(A, 0))
-        assert [i for i in range(6) if db.contains(_key(B, i))] == [3, 4, 5]
+        assert db.info(_key(A, 0))
+        assert [i for i in range(6) if db.info(_key(B, i))] == [3, 4, 5]
         assert db.scopes.evictions == {B: 3}
         held = dict(db.scopes.held)
         assert held == {A: size, B: 3 * size}

@@ -86,6 +86,7 @@ async def test_expiry_from_lmdb_sends_namespace_done(tmp_path: Path, kind: str) 
         c = await client(r)
         nsub = await asyncio.wait_for(c.subscribe_namespace(ns[:4]), TIMEOUT)
         pub = await client(r)
+        start = asyncio.get_running_loop().time()  # nothing can expire before start + life
         t = await push_track(pub, name, layers=2, properties=_duration(int(life * 1000))
                              if kind == "max_cache_duration" else ())
         for g in range(2):
@@ -97,7 +98,6 @@ async def test_expiry_from_lmdb_sends_namespace_done(tmp_path: Path, kind: str) 
         async with asyncio.timeout(TIMEOUT):
             while any(e.source is not CACHE for e in r.relay.namespaces.publishers_for(ns)):
                 await asyncio.sleep(0)
-        assert r.relay.counters.get("lmdb_expired_tracks") == 0
         seen: list[bool] = []
         async with asyncio.timeout(TIMEOUT):
             async for ev in nsub:
@@ -105,6 +105,9 @@ async def test_expiry_from_lmdb_sends_namespace_done(tmp_path: Path, kind: str) 
                     seen.append(ev.active)
                     if not ev.active:
                         break
+        # the LMDB copy held the namespace until it expired (not merely until the publisher
+        # left): decided on the clock, since a loaded machine may reach expiry before here
+        assert asyncio.get_running_loop().time() - start >= life
         assert seen == [True, False]
         assert r.relay.counters.get("lmdb_expired_tracks") == 1
         assert not r.store.durable.info(name_key := r.relay.tracks[name].key)

@@ -138,7 +138,7 @@ from .primitives import (
     prefixes_overlap,
 )
 from .range_filter import Range, RangeFilter, evaluate_range_filters
-from .rules import (
+from .state.request import (
     ControlStreamChecker,
     RequestIdValidator,
     RequestStreamChecker,

@@ -7,9 +7,9 @@ sent) and raises ``SessionError`` with the profile's code.
 
 from __future__ import annotations
 
-from .codes import LocationFilterType, MessageType, SessionErrorCode
-from .errors import SessionError, protocol_violation
-from .messages import (
+from ..codes import LocationFilterType, MessageType, SessionErrorCode
+from ..errors import SessionError, protocol_violation
+from ..messages import (
     Fetch,
     FetchOk,
     GoAway,
@@ -26,7 +26,7 @@ from .messages import (
     check_request_ok,
     check_request_update,
 )
-from .primitives import FullTrackName, Location, TrackNamespace
+from ..primitives import FullTrackName, Location, TrackNamespace
 
 __all__ = [
     "REQUEST_TYPES",

@@ -29,8 +29,9 @@ Public API (all re-exported here):
   ``decode_message(type, body)``, ``ControlStreamParser`` (``feed(data, end_stream) ->
   [Message | InvalidRequest]``), role/context checks ``check_setup``, ``check_goaway``,
   ``check_request_ok``, ``check_request_update``, ``check_redirect``, ``check_fetch_ok``.
-* Session rules — ``RequestIdValidator``, ``TrackAliasRegistry``, ``ControlStreamChecker``,
-  ``RequestStreamChecker``.
+* Session rules — ``SessionState`` (one per session: SETUP, GOAWAY, Request IDs, Track
+  Aliases, stream dispatch) and ``RequestState`` (one per request stream; ``Refuse`` is a
+  request it refuses): the sans-IO state the session layer asks for every legality decision.
 * Data plane — ``SubgroupHeader``, ``SubgroupObject``, ``FetchHeader``, ``FetchObject``,
   ``EndOfRange``, ``ObjectDatagram``; encoders ``encode_subgroup_header``,
   ``SubgroupStreamEncoder``, ``encode_subgroup_object_header``, ``FetchStreamEncoder``,
@@ -138,12 +139,7 @@ from .primitives import (
     prefixes_overlap,
 )
 from .range_filter import Range, RangeFilter, evaluate_range_filters
-from .state.request import (
-    ControlStreamChecker,
-    RequestIdValidator,
-    RequestStreamChecker,
-    TrackAliasRegistry,
-)
+from .state import Refuse, RequestState, SessionState
 from .token import Token, decode_token, encode_token
 from .vi64 import MAX_VI64, decode_vi64, encode_vi64, vi64_size
 
@@ -153,7 +149,6 @@ __all__ = [
     "PADDING_DATAGRAM_TYPE",
     "PADDING_STREAM_TYPE",
     "AliasType",
-    "ControlStreamChecker",
     "ControlStreamParser",
     "EndOfRange",
     "EndOfRangeType",
@@ -193,15 +188,16 @@ __all__ = [
     "Range",
     "RangeFilter",
     "Redirect",
+    "Refuse",
     "RequestError",
     "RequestErrorCode",
     "RequestErrorMessage",
-    "RequestIdValidator",
     "RequestOk",
-    "RequestStreamChecker",
+    "RequestState",
     "RequestUpdate",
     "SessionError",
     "SessionErrorCode",
+    "SessionState",
     "Setup",
     "SetupOption",
     "StreamResetCode",
@@ -215,7 +211,6 @@ __all__ = [
     "SubscribeOk",
     "SubscribeTracks",
     "Token",
-    "TrackAliasRegistry",
     "TrackNamespace",
     "TrackStatus",
     "UniStreamParser",

@@ -1,14 +1,21 @@
-"""Stateful, sans-IO checks of the session-level rules the codec cannot see in one message:
-Request ID parity/reuse, Track Alias binding, control-stream and request-stream sequencing.
+"""One request stream (§1.3, §5, §7): which message may come when, from which side.
 
-Each checker is fed the messages *received* (and, where replies must be matched, the ones
-sent) and raises ``SessionError`` with the profile's code.
+Every message sent and received on a request stream passes through its ``RequestState``:
+the first message opens the request, exactly one response follows, then only the follow-ups
+that request type allows, each REQUEST_UPDATE answered once and in order, at most
+MAX_REQUEST_UPDATES of them unanswered (§4.2). Peer input that breaks a rule raises
+``SessionError``; a request (or REQUEST_UPDATE) the session must refuse comes out as
+``Refuse``; our own misuse raises ``ValueError``.
 """
 
 from __future__ import annotations
 
-from ..codes import LocationFilterType, MessageType, SessionErrorCode
-from ..errors import SessionError, protocol_violation
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..codes import LocationFilterType, MessageType, RequestErrorCode, SessionErrorCode
+from ..control import ControlStreamParser, InvalidRequest, encode_message
+from ..errors import RequestError, SessionError, protocol_violation
 from ..messages import (
     Fetch,
     FetchOk,
@@ -16,25 +23,26 @@ from ..messages import (
     Message,
     Namespace,
     NamespaceDone,
+    Publish,
+    PublishDone,
     RequestErrorMessage,
+    RequestMessage,
     RequestOk,
     RequestUpdate,
-    Setup,
+    SubscribeOk,
     check_fetch_ok,
     check_goaway,
     check_redirect,
     check_request_ok,
     check_request_update,
 )
+from ..params import Params, check_filter_ranges
 from ..primitives import FullTrackName, Location, TrackNamespace
 
-__all__ = [
-    "REQUEST_TYPES",
-    "ControlStreamChecker",
-    "RequestIdValidator",
-    "RequestStreamChecker",
-    "TrackAliasRegistry",
-]
+if TYPE_CHECKING:
+    from .session import SessionState
+
+__all__ = ["REQUEST_TYPES", "Refuse", "RequestState"]
 
 M = MessageType
 
@@ -50,7 +58,8 @@ _FIRST_RESPONSE = {
 _DEFAULT_FIRST_RESPONSE = frozenset({M.REQUEST_OK, M.REQUEST_ERROR})
 _REPLIES = frozenset({M.REQUEST_OK, M.REQUEST_ERROR})
 
-# Follow-up messages after the first response, by request type and by who sends them.
+# Follow-ups after the first message (requester) or the first response (responder), by
+# request type and by who sends them (§5.1, §5.2, §7.8).
 _FROM_RESPONDER = {
     M.SUBSCRIBE: _REPLIES | {M.PUBLISH_STATE_NOTIFY, M.PUBLISH_DONE, M.GOAWAY},
     M.PUBLISH: _REPLIES | {M.REQUEST_UPDATE, M.GOAWAY},
@@ -70,190 +79,233 @@ _FROM_REQUESTER = {
     M.SUBSCRIBE_TRACKS: frozenset({M.REQUEST_UPDATE, M.GOAWAY}),
 }
 _NAMESPACE_REQUESTS = frozenset({M.PUBLISH_NAMESPACE, M.SUBSCRIBE_NAMESPACE, M.SUBSCRIBE_TRACKS})
+_ABSOLUTE = frozenset({LocationFilterType.ABSOLUTE_START,
+                       LocationFilterType.ABSOLUTE_START_GROUP_END,
+                       LocationFilterType.ABSOLUTE_RANGE})
 
 
-class RequestIdValidator:
-    """Request IDs received from the peer: client even, server odd, each used once (§4.4).
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Answer what the peer sent with REQUEST_ERROR ``code``: the request itself (``final``:
+    the reply ends our direction, and the request is over) or one REQUEST_UPDATE."""
 
-    Detection is set-based because requests on different streams may arrive out of order.
+    code: int
+    reason: str
+    final: bool
+
+    @property
+    def reply(self) -> RequestErrorMessage:
+        return RequestErrorMessage(int(self.code), 0, self.reason[:1024])
+
+
+class RequestState:
+    """The rules of one request stream. ``ours``: we sent the request (we are the requester).
+
+    ``receive(data, fin)`` parses and checks what the peer sent and returns the messages the
+    application acts on, plus ``Refuse`` items the caller must send; ``send(msg)`` checks a
+    message of ours and returns its bytes.
     """
 
-    __slots__ = ("_parity", "_seen")
+    __slots__ = ("_goaway_received", "_goaway_sent", "_namespaces", "_over", "_parser",
+                 "_updates_received", "_updates_sent", "kind", "ours", "request", "responded",
+                 "session")
 
-    def __init__(self, *, peer_is_client: bool) -> None:
-        self._parity = 0 if peer_is_client else 1
-        self._seen: set[int] = set()
-
-    def check(self, request_id: int) -> None:
-        if request_id & 1 != self._parity:
-            raise SessionError(SessionErrorCode.INVALID_REQUEST_ID, f"wrong parity: {request_id}")
-        if request_id in self._seen:
-            raise SessionError(SessionErrorCode.INVALID_REQUEST_ID, f"reused: {request_id}")
-        self._seen.add(request_id)
-
-
-class TrackAliasRegistry:
-    """Track Aliases bound by the peer (SUBSCRIBE_OK / PUBLISH): one Track per alias (§8.3)."""
-
-    __slots__ = ("_by_alias",)
-
-    def __init__(self) -> None:
-        self._by_alias: dict[int, tuple[FullTrackName, int]] = {}
-
-    def bind(self, alias: int, track: FullTrackName) -> None:
-        """Bind (or share: several subscriptions to one Track may share an alias)."""
-        cur = self._by_alias.get(alias)
-        if cur is None:
-            self._by_alias[alias] = (track, 1)
-        elif cur[0] != track:
-            raise SessionError(
-                SessionErrorCode.DUPLICATE_TRACK_ALIAS, f"alias {alias} already names {cur[0]}"
-            )
-        else:
-            self._by_alias[alias] = (track, cur[1] + 1)
-
-    def release(self, alias: int) -> None:
-        cur = self._by_alias.get(alias)
-        if cur is not None:
-            if cur[1] <= 1:
-                del self._by_alias[alias]
-            else:
-                self._by_alias[alias] = (cur[0], cur[1] - 1)
-
-    def lookup(self, alias: int) -> FullTrackName | None:
-        cur = self._by_alias.get(alias)
-        return None if cur is None else cur[0]
-
-
-class ControlStreamChecker:
-    """The peer's control stream: SETUP first and once, then at most one GOAWAY (§1.3)."""
-
-    __slots__ = ("goaway", "peer_is_client", "setup")
-
-    def __init__(self, *, peer_is_client: bool | None = None) -> None:
-        self.peer_is_client = peer_is_client
-        self.setup: Setup | None = None
-        self.goaway: GoAway | None = None
-
-    def on_message(self, msg: Message) -> None:
-        if self.setup is None:
-            if not isinstance(msg, Setup):
-                raise protocol_violation(f"{msg.TYPE.name} before SETUP on the control stream")
-            self.setup = msg
-            return
-        if isinstance(msg, GoAway):
-            if self.goaway is not None:
-                raise protocol_violation("second GOAWAY on the control stream")
-            if self.peer_is_client is not None:
-                check_goaway(msg, sender_is_client=self.peer_is_client)
-            self.goaway = msg
-            return
-        raise protocol_violation(f"{msg.TYPE.name} on the control stream")
-
-
-class RequestStreamChecker:
-    """Sequencing of the messages received on one request stream (§5, §7).
-
-    ``opened_by_peer``: the peer sent the request (we respond); else pass the ``request`` we
-    sent. Call ``on_sent`` for every REQUEST_UPDATE we send so replies can be matched.
-    ``on_received`` returns, for REQUEST_OK / REQUEST_ERROR, the message type they answer.
-    """
-
-    def __init__(
-        self,
-        *,
-        opened_by_peer: bool,
-        request: Message | None = None,
-        peer_is_client: bool | None = None,
-    ) -> None:
-        self.opened_by_peer = opened_by_peer
-        self.peer_is_client = peer_is_client
-        self.request: Message | None = request
-        self.request_type: MessageType | None = None if request is None else request.TYPE
-        if not opened_by_peer and request is None:
-            raise ValueError("the requester side must give its request")
-        self._responded = False  # first response received (requester side)
-        self._finished = False
-        self._goaway = False
-        self._updates_sent = 0
+    def __init__(self, session: SessionState, *, ours: bool) -> None:
+        self.session = session
+        self.ours = ours
+        self.request: RequestMessage | None = None
+        self.kind: MessageType | None = None
+        self.responded = False  # the first response went out (theirs) or came in (ours)
+        self._parser = ControlStreamParser()
+        self._over = False  # REQUEST_ERROR or PUBLISH_DONE received: nothing may follow
+        self._updates_sent = 0  # our REQUEST_UPDATEs not answered yet
+        self._updates_received = 0  # the peer's REQUEST_UPDATEs we have not answered yet
+        self._goaway_sent = False
+        self._goaway_received = False
         self._namespaces: set[TrackNamespace] = set()
 
-    def on_sent(self, msg: Message) -> None:
-        if isinstance(msg, RequestUpdate):
-            self._updates_sent += 1
+    @property
+    def full_name(self) -> FullTrackName:
+        req: Any = self.request
+        return FullTrackName(req.track_namespace, req.track_name)
 
-    def on_received(self, msg: Message) -> MessageType | None:
+    @property
+    def update_room(self) -> bool:
+        """May we send a REQUEST_UPDATE now without exceeding the peer's MAX_REQUEST_UPDATES
+        (unanswered updates per request stream, §4.2)?"""
+        limit = self.session.peer_max_request_updates
+        return not limit or self._updates_sent < limit
+
+    # -- ours --------------------------------------------------------------------------------
+
+    def send(self, msg: Message) -> bytes:
+        """The bytes of ``msg`` after checking we may send it now (``ValueError`` if not)."""
         t = msg.TYPE
-        if self._finished:
-            raise protocol_violation(f"{t.name} after the request ended")
-        if self.request_type is None:  # we are the responder: this opens the stream
-            if t not in REQUEST_TYPES:
-                raise protocol_violation(f"request stream opened by {t.name}")
+        kind = self.kind
+        if kind is None:
+            if not self.ours or not isinstance(msg, RequestMessage) or t not in REQUEST_TYPES:
+                raise ValueError(f"{t.name} cannot open a request stream")
             self.request = msg
-            self.request_type = t
-            return None
-        rt = self.request_type
-        if not self.opened_by_peer and not self._responded:
-            if t not in _FIRST_RESPONSE.get(rt, _DEFAULT_FIRST_RESPONSE):
-                raise protocol_violation(f"{t.name} as the response to {rt.name}")
-            self._responded = True
-            self._check_reply(msg, rt)
-            if t == M.REQUEST_ERROR:
-                self._finished = True
-            elif isinstance(msg, FetchOk) and isinstance(self.request, Fetch):
-                start = _fetch_start(self.request)
-                if start is not None:
-                    check_fetch_ok(msg, start)
-            return rt
-        allowed = (_FROM_REQUESTER if self.opened_by_peer else _FROM_RESPONDER)[rt]
-        if t not in allowed:
-            if t == M.REQUEST_UPDATE:
-                raise protocol_violation(f"REQUEST_UPDATE on a {rt.name} stream")
-            raise protocol_violation(f"{t.name} on a {rt.name} stream")
+            self.kind = t
+        elif not self.ours and not self.responded:
+            if t not in _FIRST_RESPONSE.get(kind, _DEFAULT_FIRST_RESPONSE):
+                raise ValueError(f"{t.name} cannot answer {kind.name}")
+            self.responded = True
+        else:
+            allowed = (_FROM_REQUESTER if self.ours else _FROM_RESPONDER)[kind]
+            if t not in allowed:
+                raise ValueError(f"{t.name} is not ours to send on a {kind.name} stream")
+            if t in _REPLIES:
+                if not self._updates_received:
+                    raise ValueError(f"{t.name} answers no REQUEST_UPDATE")
+                self._updates_received -= 1
+            elif t == M.REQUEST_UPDATE:
+                if not self.update_room:
+                    raise ValueError("the peer's MAX_REQUEST_UPDATES is reached")
+                self._updates_sent += 1
+            elif t == M.GOAWAY:
+                if self._goaway_sent:
+                    raise ValueError("a second GOAWAY on a request stream")
+                self._goaway_sent = True
+        return encode_message(msg)
+
+    # -- the peer's --------------------------------------------------------------------------
+
+    def receive(self, data: bytes | memoryview = b"", fin: bool = False
+                ) -> list[Message | Refuse]:
+        """What the peer sent (``fin``: its direction ended)."""
+        out: list[Message | Refuse] = []
+        for msg in self._parser.feed(data, fin):
+            out.append(self._on_message(msg))
+        if fin and self.kind is None and not self.ours:
+            raise protocol_violation("request stream closed before its request")
+        return out
+
+    def _on_message(self, msg: Message | InvalidRequest) -> Message | Refuse:
+        if self.kind is None:  # the peer opens the stream
+            return self._on_request(msg)
+        if self.ours and not self.responded:
+            return self._on_response(msg)
+        return self._on_follow_up(msg)
+
+    def _on_request(self, msg: Message | InvalidRequest) -> Message | Refuse:
+        t = msg.message_type if isinstance(msg, InvalidRequest) else msg.TYPE
+        if t not in REQUEST_TYPES:
+            raise protocol_violation(f"{t.name} cannot open a request stream")
+        self.kind = t
+        s = self.session
+        if isinstance(msg, InvalidRequest):  # a Range filter the codec refused (§6.5)
+            if msg.request_id is not None:
+                s.peer_ids.use(msg.request_id)
+            return Refuse(msg.error.code, msg.error.reason, True)
+        assert isinstance(msg, RequestMessage)
+        s.peer_ids.use(msg.request_id)
+        self.request = msg
+        if s.going_away:  # §4.3: requests after GOAWAY may be refused
+            return Refuse(RequestErrorCode.GOING_AWAY, "going away", True)
+        params = getattr(msg, "params", None)
+        if isinstance(params, Params):
+            try:
+                check_filter_ranges(params, s.max_filter_ranges)
+            except RequestError as e:  # INVALID_FILTER: a request error (Appendix B)
+                return Refuse(e.code, e.reason, True)
+        if t == M.SUBSCRIBE_TRACKS:  # tolerated, not served (§7.15)
+            return Refuse(RequestErrorCode.NOT_SUPPORTED, "SUBSCRIBE_TRACKS is not supported",
+                          True)
+        if isinstance(msg, Publish):
+            s.aliases.bind(msg.track_alias, self.full_name, msg.request_id)
+        return msg
+
+    def _on_response(self, msg: Message | InvalidRequest) -> Message:
+        kind = self.kind
+        assert kind is not None and self.request is not None
+        if isinstance(msg, InvalidRequest) or \
+                msg.TYPE not in _FIRST_RESPONSE.get(kind, _DEFAULT_FIRST_RESPONSE):
+            name = _name(msg)
+            raise protocol_violation(f"{name} in reply to {kind.name}")
+        self.responded = True
+        if isinstance(msg, RequestErrorMessage):
+            self._over = True
+            self._check_error(msg)
+        elif isinstance(msg, RequestOk):
+            check_request_ok(msg, kind)
+        elif isinstance(msg, FetchOk):
+            start = _fetch_start(self.request)
+            if start is not None:
+                check_fetch_ok(msg, start)
+        elif isinstance(msg, SubscribeOk):
+            self.session.aliases.bind(msg.track_alias, self.full_name, self.request.request_id)
+        return msg
+
+    def _on_follow_up(self, msg: Message | InvalidRequest) -> Message | Refuse:
+        kind = self.kind
+        assert kind is not None
+        name = _name(msg)
+        if self._over:
+            raise protocol_violation(f"{name} after the request ended")
+        t = msg.message_type if isinstance(msg, InvalidRequest) else msg.TYPE
+        if t not in (_FROM_RESPONDER if self.ours else _FROM_REQUESTER)[kind]:
+            raise protocol_violation(f"{name} on a {kind.name} stream")
+        if t == M.REQUEST_UPDATE:
+            return self._on_update(msg)
         if isinstance(msg, GoAway):
-            if self._goaway:
-                raise protocol_violation("second GOAWAY on a request stream")
-            if self.peer_is_client is not None:
-                check_goaway(msg, sender_is_client=self.peer_is_client)
-            self._goaway = True
-        elif isinstance(msg, RequestUpdate):
-            check_request_update(msg, rt)
+            if self._goaway_received:
+                raise protocol_violation("a second GOAWAY on a request stream")
+            check_goaway(msg, sender_is_client=self.session.peer_is_client)
+            self._goaway_received = True
+        elif isinstance(msg, RequestOk | RequestErrorMessage):
+            if not self._updates_sent:
+                raise protocol_violation(f"{name} answers no REQUEST_UPDATE")
+            self._updates_sent -= 1
+            if isinstance(msg, RequestOk):
+                check_request_ok(msg, M.REQUEST_UPDATE)
+            else:
+                self._check_error(msg)
         elif isinstance(msg, Namespace):
             self._namespaces.add(msg.suffix)
         elif isinstance(msg, NamespaceDone):
             if msg.suffix not in self._namespaces:
                 raise protocol_violation("NAMESPACE_DONE before NAMESPACE")
             self._namespaces.discard(msg.suffix)
-        elif t in _REPLIES:
-            if self._updates_sent == 0:
-                raise protocol_violation(f"unsolicited {t.name}")
-            self._updates_sent -= 1
-            self._check_reply(msg, M.REQUEST_UPDATE)
-            return M.REQUEST_UPDATE
-        elif t == M.PUBLISH_DONE:
-            self._finished = True
+        elif isinstance(msg, PublishDone):
+            self._over = True
+        assert not isinstance(msg, InvalidRequest)
+        return msg
+
+    def _on_update(self, msg: Message | InvalidRequest) -> Message | Refuse:
+        """A REQUEST_UPDATE: a fresh Request ID of the peer (§4.4), on a request that may be
+        updated (§5.1), within our MAX_REQUEST_UPDATES unanswered ones (§4.2)."""
+        rid: int | None = msg.request_id  # type: ignore[union-attr]
+        s = self.session
+        if rid is not None:
+            s.peer_ids.use(rid)
+        self._updates_received += 1
+        limit = s.max_request_updates
+        if limit and self._updates_received > limit:
+            raise SessionError(SessionErrorCode.TOO_MANY_REQUEST_UPDATES,
+                               f"more than {limit} unanswered REQUEST_UPDATEs")
+        if isinstance(msg, InvalidRequest):
+            return Refuse(msg.error.code, msg.error.reason, False)
+        assert isinstance(msg, RequestUpdate) and self.kind is not None
+        check_request_update(msg, self.kind)
+        return msg
+
+    def _check_error(self, msg: RequestErrorMessage) -> None:
+        check_redirect(msg, sender_is_client=self.session.peer_is_client,
+                       namespace_request=self.kind in _NAMESPACE_REQUESTS)
+
+
+def _name(msg: Message | InvalidRequest) -> str:
+    t = msg.message_type if isinstance(msg, InvalidRequest) else msg.TYPE
+    return t.name
+
+
+def _fetch_start(request: RequestMessage) -> Location | None:
+    """The requested start of a FETCH when it does not depend on the responder's Largest
+    Object (the bound FETCH_OK's End Location must reach, §7.10)."""
+    if not isinstance(request, Fetch):
         return None
-
-    def _check_reply(self, msg: Message, answers: MessageType) -> None:
-        if isinstance(msg, RequestOk):
-            check_request_ok(msg, answers)
-        elif isinstance(msg, RequestErrorMessage) and self.peer_is_client is not None:
-            check_redirect(
-                msg,
-                sender_is_client=self.peer_is_client,
-                namespace_request=self.request_type in _NAMESPACE_REQUESTS,
-            )
-
-
-def _fetch_start(f: Fetch) -> Location | None:
-    """The requested start when it does not depend on the responder's Largest Object."""
-    lf = f.params.location_filter
-    if lf is None or lf.type == LocationFilterType.NONE:
-        return Location(0, 0)
-    if lf.type in (
-        LocationFilterType.ABSOLUTE_START,
-        LocationFilterType.ABSOLUTE_START_GROUP_END,
-        LocationFilterType.ABSOLUTE_RANGE,
-    ):
+    lf = request.params.location_filter
+    if lf is not None and lf.type in _ABSOLUTE:
         return Location(lf.start_group, lf.start_object)
     return None

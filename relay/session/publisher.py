@@ -16,14 +16,11 @@ from relay.moqt.codes import (
     RequestErrorCode,
     StreamResetCode,
 )
-from relay.moqt.control import InvalidRequest
 from relay.moqt.dataplane.datagram import encode_datagram
 from relay.moqt.dataplane.objects import ObjectDatagram, SubgroupHeader
-from relay.moqt.errors import protocol_violation
 from relay.moqt.kvp import KeyValuePair, Properties
 from relay.moqt.messages import (
     FetchOk,
-    GoAway,
     Namespace,
     NamespaceDone,
     Publish,
@@ -32,8 +29,6 @@ from relay.moqt.messages import (
     RequestOk,
     RequestUpdate,
     SubscribeOk,
-    check_request_ok,
-    check_request_update,
 )
 from relay.moqt.messages.fetch import Fetch
 from relay.moqt.messages.namespace import PublishNamespace, SubscribeNamespace
@@ -222,27 +217,12 @@ class ServedSubscription:
             w.reset(StreamResetCode.CANCELLED)
 
     async def control_loop(self) -> None:
-        """REQUEST_UPDATEs from the subscriber; its reset or STOP_SENDING is a cancel."""
-        updates_seen = 0
+        """REQUEST_UPDATEs from the subscriber (GOAWAY aside, nothing else gets past the
+        state); its reset or STOP_SENDING is a cancel, its FIN is not (§5.1)."""
         try:
-            while True:
-                msg = await self.rs.recv()
-                if msg is None:
-                    if self.requested_by == MessageType.SUBSCRIBE:
-                        return  # §5.1: the subscriber may FIN early; not a cancel
-                    return
-                if isinstance(msg, InvalidRequest):
-                    await self.rs.send(RequestErrorMessage(msg.error.code, 0, msg.error.reason))
-                    continue
+            while (msg := await self.rs.recv()) is not None:
                 if isinstance(msg, RequestUpdate):
-                    self.session.check_peer_request_id(msg.request_id)
-                    check_request_update(msg, self.requested_by)
-                    updates_seen += 1
                     await self._apply_update(msg)
-                elif isinstance(msg, GoAway):
-                    continue
-                else:
-                    raise protocol_violation(f"{type(msg).__name__} from a subscriber")
         except StreamReset as e:
             self._on_cancel(e.code)
 
@@ -321,18 +301,9 @@ class IncomingFetch(_TrackRequest):
 
     async def _watch(self) -> None:
         try:
-            while True:
-                msg = await self.rs.recv()
-                if msg is None:
-                    return
+            while (msg := await self.rs.recv()) is not None:
                 if isinstance(msg, RequestUpdate):
-                    self.session.check_peer_request_id(msg.request_id)
-                    check_request_update(msg, MessageType.FETCH)
                     await self.rs.send(RequestOk(Params()))
-                elif isinstance(msg, InvalidRequest):
-                    await self.rs.send(RequestErrorMessage(msg.error.code, 0, msg.error.reason))
-                else:
-                    raise protocol_violation(f"{type(msg).__name__} on a FETCH stream")
         except StreamReset:
             self.cancelled.set()
             if self.writer is not None:
@@ -351,6 +322,7 @@ class IncomingPublish(_TrackRequest):
         # Objects may arrive before we answer (Forward 1, §7.6): route them already.
         self.subscription = Subscription(session, rs, msg.request_id, msg.track_namespace,
                                          msg.track_name, msg.params)
+        session.bind_request(msg.request_id, self.subscription)
         self.subscription._established(msg.track_alias, msg.params, msg.track_properties)
 
 
@@ -405,16 +377,9 @@ class IncomingPublishNamespace(_Incoming):
 
     async def _watch(self) -> None:
         try:
-            while True:
-                msg = await self.rs.recv()
-                if msg is None:
-                    break
+            while (msg := await self.rs.recv()) is not None:
                 if isinstance(msg, RequestUpdate):
-                    self.session.check_peer_request_id(msg.request_id)
-                    check_request_update(msg, MessageType.PUBLISH_NAMESPACE)
                     await self.rs.send(RequestOk(Params()))
-                elif not isinstance(msg, GoAway):
-                    raise protocol_violation(f"{type(msg).__name__} on PUBLISH_NAMESPACE")
         except (StreamReset, TransportError):
             pass
         finally:
@@ -467,17 +432,11 @@ class IncomingSubscribeNamespace(_Incoming):
             self.cancelled.set()
 
     async def _watch(self) -> None:
+        # requester FIN: it sends no more updates; keep announcing
         try:
-            while True:
-                msg = await self.rs.recv()
-                if msg is None:
-                    return  # requester FIN: it sends no more updates; keep announcing
+            while (msg := await self.rs.recv()) is not None:
                 if isinstance(msg, RequestUpdate):
-                    self.session.check_peer_request_id(msg.request_id)
-                    check_request_update(msg, MessageType.SUBSCRIBE_NAMESPACE)
                     await self.rs.send(RequestOk(Params()))
-                elif not isinstance(msg, GoAway):
-                    raise protocol_violation(f"{type(msg).__name__} on SUBSCRIBE_NAMESPACE")
         except (StreamReset, TransportError):
             self.cancelled.set()
 
@@ -506,7 +465,6 @@ __all__ = [
     "IncomingSubscribeNamespace",
     "IncomingTrackStatus",
     "ServedSubscription",
-    "check_request_ok",
     "start_publish",
 ]
 

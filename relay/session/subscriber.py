@@ -9,23 +9,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
-from relay.moqt.codes import (
-    GroupOrder,
-    LocationFilterType,
-    MessageType,
-    ObjectStatus,
-    StreamResetCode,
-)
-from relay.moqt.control import InvalidRequest
+from relay.moqt.codes import GroupOrder, ObjectStatus, StreamResetCode
 from relay.moqt.dataplane.fetch import FetchStreamParser
-from relay.moqt.dataplane.objects import EndOfRange, FetchHeader, FetchObject, SubgroupHeader
+from relay.moqt.dataplane.objects import EndOfRange, FetchObject, SubgroupHeader
 from relay.moqt.dataplane.subgroup import SubgroupStreamParser
 from relay.moqt.errors import SessionError, protocol_violation
 from relay.moqt.kvp import Properties
 from relay.moqt.messages import (
     Fetch,
     FetchOk,
-    GoAway,
     Namespace,
     NamespaceDone,
     PublishDone,
@@ -39,10 +31,6 @@ from relay.moqt.messages import (
     SubscribeNamespace,
     SubscribeOk,
     TrackStatus,
-    check_fetch_ok,
-    check_goaway,
-    check_redirect,
-    check_request_ok,
 )
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
@@ -130,44 +118,40 @@ class _EventSource(Generic[E]):
         await self._events.put(event)
 
 
-def _rejected(session: MoqtSession, msg: RequestErrorMessage, namespace_request: bool
-              ) -> RequestRejected:
-    check_redirect(msg, sender_is_client=not session.is_client,
-                   namespace_request=namespace_request)
+def _rejected(msg: RequestErrorMessage) -> RequestRejected:
     return RequestRejected(msg.error_code, msg.reason, msg.retry_interval, msg.redirect)
 
 
 async def _first_reply(session: MoqtSession, rs: RequestStream, what: str) -> Any:
+    """The response to our request, as the state accepted it for the request's type. This
+    runs in the caller's task, not under the session's guard: a broken rule closes the
+    session here."""
     try:
         reply = await rs.recv()
     except StreamReset as e:
         raise RequestCancelled(e.code, what) from None
     except TransportError as e:
         raise session._closed_error(e) from None
+    except SessionError as e:
+        session.close(e.code, e.reason)
+        raise SessionClosed(e.code, e.reason) from None
     if reply is None:
         raise RequestCancelled(None, what)
-    if isinstance(reply, InvalidRequest):
-        raise protocol_violation(f"invalid reply to {what}")
     return reply
 
 
 async def request_ok(session: MoqtSession, make: Callable[[int], RequestMessage], *,
-                     namespace_request: bool = False, fin: bool = False
-                     ) -> tuple[RequestStream, RequestOk, int]:
+                     fin: bool = False) -> tuple[RequestStream, RequestOk, int]:
     """Send a request answered by REQUEST_OK (PUBLISH, PUBLISH_NAMESPACE,
     SUBSCRIBE_NAMESPACE, TRACK_STATUS) on a new request stream; raise on REQUEST_ERROR."""
     rs = await session.open_request()
     msg = make(session.next_request_id())
-    what = msg.TYPE.name
     await rs.send(msg, fin=fin)
-    reply = await _first_reply(session, rs, what)
+    reply = await _first_reply(session, rs, msg.TYPE.name)
     if isinstance(reply, RequestErrorMessage):
         await rs.finish()
         await rs.release()
-        raise _rejected(session, reply, namespace_request)
-    if not isinstance(reply, RequestOk):
-        raise protocol_violation(f"{type(reply).__name__} in reply to {what}")
-    check_request_ok(reply, msg.TYPE)
+        raise _rejected(reply)
     return rs, reply, msg.request_id
 
 
@@ -200,7 +184,10 @@ class Subscription(_EventSource[SubscriptionEvent]):
         self._streams_ended = 0
         self._stream_ended = asyncio.Event()
         self._fill_parsers: list[FetchStreamParser] = []
-        self._update_replies: asyncio.Queue[RequestOk | RequestErrorMessage] = asyncio.Queue()
+        # update()s waiting for their reply, in order (§5.1); None once no reply can come
+        self._update_waiters: deque[asyncio.Future[RequestOk | RequestErrorMessage]] | None = \
+            deque()
+        self._update_room = asyncio.Event()  # a reply came: the peer's limit may allow another
         self._fill_request_ids: list[int] = []
 
     # events ---------------------------------------------------------------------------------
@@ -216,6 +203,15 @@ class Subscription(_EventSource[SubscriptionEvent]):
         if not self.ended:
             self.ended = True
             self._events.put_nowait_end(SessionClosed(code, reason))
+        self._end_updates(SessionClosed(code, reason))
+
+    def _end_updates(self, exc: BaseException) -> None:
+        """No reply can come any more: waiting update()s fail with ``exc``."""
+        waiters, self._update_waiters = self._update_waiters, None
+        for fut in waiters or ():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._update_room.set()
 
     # control --------------------------------------------------------------------------------
 
@@ -227,7 +223,7 @@ class Subscription(_EventSource[SubscriptionEvent]):
             # DEFAULT_PUBLISHER_GROUP_ORDER applies unless the subscriber chose an order.
             if p.type == 0x22 and p.value in (1, 2) and self.params.group_order is None:
                 self.group_order = GroupOrder(p.value)
-        self.session.bind_alias(alias, self)
+        self.session.alias_bound(alias)  # the state bound it when the reply arrived
         self.established.set()
         for parser in self._fill_parsers:
             if parser.group_order is None:
@@ -235,8 +231,14 @@ class Subscription(_EventSource[SubscriptionEvent]):
 
     async def control_loop(self) -> None:
         """Read the request stream after the first reply: PUBLISH_DONE, update replies,
-        PUBLISH_STATE_NOTIFY, GOAWAY (§5.2)."""
-        goaway_seen = False
+        PUBLISH_STATE_NOTIFY, GOAWAY, and the publisher's REQUEST_UPDATEs on a PUBLISH
+        (§5.2; the state let through only what may come here)."""
+        try:
+            await self._control_loop()
+        finally:
+            self._end_updates(RequestCancelled(None, "subscription"))
+
+    async def _control_loop(self) -> None:
         while True:
             try:
                 msg = await self.rs.recv()
@@ -248,27 +250,22 @@ class Subscription(_EventSource[SubscriptionEvent]):
                     self._finish(None, "request stream ended without PUBLISH_DONE")
                 return
             if isinstance(msg, PublishDone):
-                if self.done is not None:
-                    raise protocol_violation("a second PUBLISH_DONE")
                 self.done = msg
                 self.session.spawn(self._linger(msg), "publish-done")
             elif isinstance(msg, RequestOk | RequestErrorMessage):
-                if isinstance(msg, RequestOk):
-                    check_request_ok(msg, MessageType.REQUEST_UPDATE)
-                    if msg.params.largest_object is not None:
-                        self.largest = max(self.largest or msg.params.largest_object,
-                                           msg.params.largest_object)
-                self._update_replies.put_nowait(msg)
+                if isinstance(msg, RequestOk) and msg.params.largest_object is not None:
+                    self.largest = max(self.largest or msg.params.largest_object,
+                                       msg.params.largest_object)
+                if self._update_waiters:  # the state matched it to our oldest update
+                    fut = self._update_waiters.popleft()
+                    if not fut.done():
+                        fut.set_result(msg)
+                self._update_room.set()
             elif isinstance(msg, PublishStateNotify):
                 if msg.params.largest_object is not None:
                     self.largest = msg.params.largest_object
-            elif isinstance(msg, GoAway):
-                if goaway_seen:
-                    raise protocol_violation("a second GOAWAY on a request stream")
-                goaway_seen = True
-                check_goaway(msg, sender_is_client=not self.session.is_client)
-            else:
-                raise protocol_violation(f"{type(msg).__name__} on a subscription stream")
+            elif isinstance(msg, RequestUpdate):  # the publisher's own settings changed
+                await self.rs.send(RequestOk(Params()))
 
     async def _linger(self, msg: PublishDone) -> None:
         # §7.7: keep state until every announced stream was seen, or a timer runs out.
@@ -297,6 +294,7 @@ class Subscription(_EventSource[SubscriptionEvent]):
         self._unbind()
 
     def _unbind(self) -> None:
+        self._end_updates(RequestCancelled(None, "subscription"))
         if self.track_alias is not None:
             self.session.unbind_alias(self.track_alias, self)
         self.session.unbind_request(self.request_id)
@@ -314,25 +312,33 @@ class Subscription(_EventSource[SubscriptionEvent]):
     async def update(self, params: Params) -> RequestOk:
         """REQUEST_UPDATE on this subscription; raises RequestRejected on REQUEST_ERROR.
         With FILL_PARAMETERS, the fill stream carries this update's Request ID (§9.1)."""
+        # §4.2: at most the peer's MAX_REQUEST_UPDATES unanswered on this stream
+        while self._update_waiters is not None and not self.rs.state.update_room:
+            self._update_room.clear()
+            await self._update_room.wait()
+        if self._update_waiters is None:
+            raise RequestCancelled(None, "subscription")
+        fut: asyncio.Future[RequestOk | RequestErrorMessage] = \
+            asyncio.get_running_loop().create_future()
+        self._update_waiters.append(fut)
         rid = self.session.next_request_id()
         if params.fill is not None:
             self._fill_request_ids.append(rid)
             self.session.bind_request(rid, self)
         await self.rs.send(RequestUpdate(rid, params))
-        reply = await self._update_replies.get()
+        reply = await fut
         if isinstance(reply, RequestErrorMessage):
-            raise _rejected(self.session, reply, False)
+            raise _rejected(reply)
         return reply
 
 
 async def _send_routed(session: MoqtSession, rs: RequestStream, msg: RequestMessage,
-                       target: Subscription | FetchResponse, *, route: bool) -> Any:
-    """Send SUBSCRIBE or FETCH and return the first reply; with ``route``, data streams
-    carrying its Request ID reach ``route`` even before that reply. A failed request drops
-    the route; REQUEST_ERROR becomes RequestRejected."""
+                       target: Subscription | FetchResponse) -> Any:
+    """Send SUBSCRIBE or FETCH and return the first reply; data streams carrying its Request
+    ID (or, for a subscription, its Track Alias) reach ``target`` even before that reply. A
+    failed request drops the route; REQUEST_ERROR becomes RequestRejected."""
     rid = msg.request_id
-    if route:
-        session.bind_request(rid, target)
+    session.bind_request(rid, target)
     try:
         await rs.send(msg)
         reply = await _first_reply(session, rs, msg.TYPE.name)
@@ -344,7 +350,7 @@ async def _send_routed(session: MoqtSession, rs: RequestStream, msg: RequestMess
         target.ended = True
         await rs.finish()
         await rs.release()
-        raise _rejected(session, reply, False)
+        raise _rejected(reply)
     return reply
 
 
@@ -354,17 +360,9 @@ async def start_subscribe(session: MoqtSession, namespace: TrackNamespace, name:
     rid = session.next_request_id()
     sub = Subscription(session, rs, rid, namespace, name, params)
     # the fill stream may overtake SUBSCRIBE_OK
-    reply = await _send_routed(session, rs, Subscribe(rid, namespace, name, params), sub,
-                               route=params.fill is not None)
-    try:
-        if not isinstance(reply, SubscribeOk):
-            raise protocol_violation(f"{type(reply).__name__} in reply to SUBSCRIBE")
-        sub._established(reply.track_alias, reply.params, reply.track_properties)
-    except SessionError as e:
-        # The publisher broke a session rule (e.g. DUPLICATE_TRACK_ALIAS): this runs in the
-        # caller's task, not under the session's guard, so close the session here.
-        session.close(e.code, e.reason)
-        raise SessionClosed(e.code, e.reason) from None
+    reply: SubscribeOk = await _send_routed(session, rs, Subscribe(rid, namespace, name, params),
+                                            sub)
+    sub._established(reply.track_alias, reply.params, reply.track_properties)
     session.spawn(sub.control_loop(), "subscription")
     return sub
 
@@ -431,38 +429,27 @@ async def start_fetch(session: MoqtSession, namespace: TrackNamespace, name: byt
     rid = session.next_request_id()
     resp = FetchResponse(session, rs, rid, namespace, name, params)
     # data may come before FETCH_OK (§10 item 4)
-    reply = await _send_routed(session, rs, Fetch(rid, namespace, name, params), resp,
-                               route=True)
-    if not isinstance(reply, FetchOk):
-        raise protocol_violation(f"{type(reply).__name__} in reply to FETCH")
-    lf = params.location_filter
-    if lf is not None and lf.type in _ABSOLUTE:
-        check_fetch_ok(reply, Location(lf.start_group, lf.start_object))
+    reply: FetchOk = await _send_routed(session, rs, Fetch(rid, namespace, name, params), resp)
     resp.end_of_track = reply.end_of_track
     resp.end_location = reply.end_location
     resp.track_properties = reply.track_properties
     return resp
 
 
-_ABSOLUTE = (LocationFilterType.ABSOLUTE_START, LocationFilterType.ABSOLUTE_START_GROUP_END,
-             LocationFilterType.ABSOLUTE_RANGE)
-
 
 # -- data streams ---------------------------------------------------------------------------------
 
 
-async def read_subgroup_stream(session: MoqtSession, recv: RecvStream, first: bytes) -> None:
-    parser = SubgroupStreamParser()
-    items = parser.feed(first)
-    chunk = b""
+async def read_subgroup_stream(session: MoqtSession, recv: RecvStream,
+                               parser: SubgroupStreamParser, items: list[Any]) -> None:
+    """A subgroup stream (§11.2): routed by its Track Alias to a subscription."""
     while parser.header is None:
         chunk = await _read_or_none(recv)
         if chunk is None:
             return
-        if not chunk:
-            parser.end_of_stream()
+        items += parser.feed(chunk, not chunk)
+        if not chunk and parser.header is None:
             raise protocol_violation("subgroup stream ended inside its header")
-        items += parser.feed(chunk)
     header: SubgroupHeader = parser.header
     sub = await session.route_for_alias(header.track_alias)
     if sub is None or sub.ended:
@@ -510,17 +497,16 @@ async def _read_or_none(recv: RecvStream) -> bytes | None:
         return None
 
 
-async def read_fetch_stream(session: MoqtSession, recv: RecvStream, first: bytes) -> None:
-    parser = FetchStreamParser(None)
-    items: list[Any] = parser.feed(first)
+async def read_fetch_stream(session: MoqtSession, recv: RecvStream, parser: FetchStreamParser,
+                            items: list[Any]) -> None:
+    """A fetch or fill fetch stream (§11.6): routed by the Request ID in its header."""
     while parser.header is None:
         chunk = await _read_or_none(recv)
         if chunk is None:
             return  # reset before the header (§18 rule 3)
-        if not chunk:
-            parser.end_of_stream()
+        items += parser.feed(chunk, not chunk)
+        if not chunk and parser.header is None:
             raise protocol_violation("fetch stream ended inside its header")
-        items += parser.feed(chunk)
     rid = parser.header.request_id
     route = await session.route_for_request(rid)
     if route is None or route.ended:
@@ -549,8 +535,6 @@ async def read_fetch_stream(session: MoqtSession, recv: RecvStream, first: bytes
                         item.payload, info))
                 elif isinstance(item, EndOfRange):
                     await route.deliver(RangeMarker(item.type, item.location, info))
-                elif not isinstance(item, FetchHeader):
-                    raise protocol_violation("unexpected item on a fetch stream")
             chunk = await recv.read()
             if not chunk:
                 items = parser.end_of_stream()
@@ -585,12 +569,8 @@ class PublishedNamespace:
 
     async def _watch(self) -> None:
         try:
-            while True:
-                msg = await self.rs.recv()
-                if msg is None:
-                    break
-                if not isinstance(msg, RequestOk | RequestErrorMessage | GoAway):
-                    raise protocol_violation(f"{type(msg).__name__} on PUBLISH_NAMESPACE")
+            while await self.rs.recv() is not None:
+                pass  # GOAWAY: the state checked it; nothing else may come (§5.2)
         except StreamReset:
             pass
         self.withdrawn.set()
@@ -602,8 +582,7 @@ class PublishedNamespace:
 
 async def start_publish_namespace(session: MoqtSession, namespace: TrackNamespace,
                                   params: Params) -> PublishedNamespace:
-    rs, _, _ = await request_ok(session, lambda rid: PublishNamespace(rid, namespace, params),
-                             namespace_request=True)
+    rs, _, _ = await request_ok(session, lambda rid: PublishNamespace(rid, namespace, params))
     handle = PublishedNamespace(session, rs, namespace)
     session.spawn(handle._watch(), "publish-namespace")
     return handle
@@ -630,14 +609,10 @@ class NamespaceSubscription(_EventSource[NamespaceEvent]):
                     ns = self.prefix + msg.suffix
                     self.active.add(ns)
                     await self._events.put(NamespaceEvent(msg.suffix, ns, True))
-                elif isinstance(msg, NamespaceDone):
+                elif isinstance(msg, NamespaceDone):  # announced before: the state checked
                     ns = self.prefix + msg.suffix
-                    if ns not in self.active:
-                        raise protocol_violation("NAMESPACE_DONE before NAMESPACE")
                     self.active.discard(ns)
                     await self._events.put(NamespaceEvent(msg.suffix, ns, False))
-                elif not isinstance(msg, RequestOk | RequestErrorMessage | GoAway):
-                    raise protocol_violation(f"{type(msg).__name__} on SUBSCRIBE_NAMESPACE")
         except StreamReset:
             pass
         # §7.13: a reset or FIN of the response direction means every namespace is done.
@@ -656,8 +631,7 @@ class NamespaceSubscription(_EventSource[NamespaceEvent]):
 
 async def start_subscribe_namespace(session: MoqtSession, prefix: TrackNamespace,
                                     params: Params) -> NamespaceSubscription:
-    rs, _, _ = await request_ok(session, lambda rid: SubscribeNamespace(rid, prefix, params),
-                             namespace_request=True)
+    rs, _, _ = await request_ok(session, lambda rid: SubscribeNamespace(rid, prefix, params))
     handle = NamespaceSubscription(session, rs, prefix)
     session.spawn(handle._loop(), "subscribe-namespace")
     return handle

@@ -31,7 +31,7 @@ from .events import (
     SubscriptionDone,
 )
 from .handler import SessionHandler
-from .publisher import (
+from .publish import (
     IncomingFetch,
     IncomingPublish,
     IncomingPublishNamespace,
@@ -41,7 +41,7 @@ from .publisher import (
     ServedSubscription,
 )
 from .session import MoqtSession
-from .subscriber import FetchResponse, NamespaceSubscription, PublishedNamespace, Subscription
+from .subscribe import FetchResponse, NamespaceSubscription, PublishedNamespace, Subscription
 from .writers import FetchWriter, SubgroupWriter
 
 __all__ = [

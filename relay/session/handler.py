@@ -15,7 +15,7 @@ from relay.moqt.codes import RequestErrorCode
 if TYPE_CHECKING:
     from relay.moqt.messages import GoAway
 
-    from .publisher import (
+    from .publish import (
         IncomingFetch,
         IncomingPublish,
         IncomingPublishNamespace,

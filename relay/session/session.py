@@ -51,7 +51,7 @@ from .config import SessionConfig
 from .errors import SessionClosed
 from .events import ReceivedObject, Source, StreamInfo
 from .handler import SessionHandler
-from .publisher import (
+from .publish import (
     IncomingFetch,
     IncomingPublish,
     IncomingPublishNamespace,
@@ -62,7 +62,7 @@ from .publisher import (
     start_publish,
 )
 from .request_stream import RequestStream
-from .subscriber import (
+from .subscribe import (
     FetchResponse,
     NamespaceSubscription,
     PublishedNamespace,

@@ -40,7 +40,7 @@ from relay.transport import StreamReset, TransportError
 
 from .errors import RequestCancelled, RequestRejected
 from .request_stream import RequestStream
-from .subscriber import Subscription, request_ok
+from .subscribe import Subscription, request_ok
 from .writers import FetchWriter, SubgroupWriter, _StreamWriter
 
 if TYPE_CHECKING:

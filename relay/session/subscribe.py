@@ -1,171 +1,60 @@
-"""The requester/receiver side: SUBSCRIBE, FETCH, SUBSCRIBE_NAMESPACE, PUBLISH_NAMESPACE,
-TRACK_STATUS sent by us, and the data streams that answer them (§5, §7, §9, §10, §11)."""
+"""SUBSCRIBE, both sides (§5.2, §7.1-§7.8, §8, §9).
+
+``Subscription`` is the subscriber's side of a subscription: a SUBSCRIBE we sent
+(``start_subscribe``) or a PUBLISH we accepted (publish.py). ``ServedSubscription`` is the
+publisher's side: a SUBSCRIBE we accepted (``IncomingSubscribe.accept``) or a PUBLISH we sent.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from relay.moqt.codes import GroupOrder, ObjectStatus, StreamResetCode
+from relay.moqt.codes import GroupOrder, MessageType, PublishDoneCode, StreamResetCode
+from relay.moqt.dataplane.datagram import encode_datagram
 from relay.moqt.dataplane.fetch import FetchStreamParser
-from relay.moqt.dataplane.objects import EndOfRange, FetchObject, SubgroupHeader
-from relay.moqt.dataplane.subgroup import SubgroupStreamParser
-from relay.moqt.errors import SessionError, protocol_violation
+from relay.moqt.dataplane.objects import ObjectDatagram, SubgroupHeader
 from relay.moqt.kvp import Properties
 from relay.moqt.messages import (
-    Fetch,
-    FetchOk,
-    Namespace,
-    NamespaceDone,
     PublishDone,
-    PublishNamespace,
     PublishStateNotify,
     RequestErrorMessage,
-    RequestMessage,
     RequestOk,
     RequestUpdate,
     Subscribe,
-    SubscribeNamespace,
     SubscribeOk,
-    TrackStatus,
 )
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
-from relay.transport import RecvStream, StreamReset, TransportError
+from relay.transport import StreamReset, TransportError
 
-from .errors import RequestCancelled, RequestRejected, SessionClosed, StreamAborted
-from .events import (
-    FetchEvent,
-    NamespaceEvent,
-    RangeMarker,
-    ReceivedObject,
-    Source,
-    StreamEnded,
-    StreamInfo,
-    SubscriptionDone,
-    SubscriptionEvent,
-)
+from .errors import RequestCancelled, RequestRejected, SessionClosed
+from .event_queue import EventQueue, EventSource
+from .events import Source, StreamEnded, StreamInfo, SubscriptionDone, SubscriptionEvent
 from .request_stream import RequestStream
+from .requests import IncomingTrackRequest, rejected, send_routed
+from .writers import FetchWriter, SubgroupWriter, _StreamWriter
 
 if TYPE_CHECKING:
-    from .session import MoqtSession
+    from .base import SessionBase
 
-E = TypeVar("E")
-_END = object()  # queue sentinel: iteration ends
-
-
-class _EventQueue:
-    """A bounded queue of events, then an end: a marker or a terminal error.
-
-    ``put`` waits while ``maxsize`` events are queued (that is what stops a stream reader
-    and so withholds QUIC credit from the sender). The end is kept apart from the bound, so
-    ending never drops a queued event: readers get every event, then the end. Only
-    ``end(discard=True)`` (the consumer cancelled) drops what is queued.
-    """
-
-    def __init__(self, maxsize: int) -> None:
-        self._items: deque[Any] = deque()
-        self._max = maxsize
-        self._end: Any = None
-        self._changed = asyncio.Event()
-        self.finished = False
-
-    async def put(self, item: Any) -> None:
-        while not self.finished and len(self._items) >= self._max:
-            self._changed.clear()
-            await self._changed.wait()
-        if not self.finished:
-            self._items.append(item)
-            self._changed.set()
-
-    def put_nowait_end(self, item: Any = _END, *, discard: bool = False) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        self._end = item
-        if discard:
-            self._items.clear()
-        self._changed.set()
-
-    async def get(self) -> Any:
-        while not self._items:
-            if self.finished:
-                if self._end is _END:
-                    raise StopAsyncIteration
-                raise self._end
-            self._changed.clear()
-            await self._changed.wait()
-        item = self._items.popleft()
-        self._changed.set()  # room for a waiting put
-        return item
+UpdateHook = Callable[[RequestUpdate], Awaitable[Params | None]]
 
 
-class _EventSource(Generic[E]):
-    """An async iterator over one request's events (see ``_EventQueue``)."""
-
-    _events: _EventQueue
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> E:
-        return await self._events.get()  # type: ignore[no-any-return]
-
-    async def deliver(self, event: E) -> None:
-        await self._events.put(event)
+# -- the subscriber ------------------------------------------------------------------------------
 
 
-def _rejected(msg: RequestErrorMessage) -> RequestRejected:
-    return RequestRejected(msg.error_code, msg.reason, msg.retry_interval, msg.redirect)
-
-
-async def _first_reply(session: MoqtSession, rs: RequestStream, what: str) -> Any:
-    """The response to our request, as the state accepted it for the request's type. This
-    runs in the caller's task, not under the session's guard: a broken rule closes the
-    session here."""
-    try:
-        reply = await rs.recv()
-    except StreamReset as e:
-        raise RequestCancelled(e.code, what) from None
-    except TransportError as e:
-        raise session._closed_error(e) from None
-    except SessionError as e:
-        session.close(e.code, e.reason)
-        raise SessionClosed(e.code, e.reason) from None
-    if reply is None:
-        raise RequestCancelled(None, what)
-    return reply
-
-
-async def request_ok(session: MoqtSession, make: Callable[[int], RequestMessage], *,
-                     fin: bool = False) -> tuple[RequestStream, RequestOk, int]:
-    """Send a request answered by REQUEST_OK (PUBLISH, PUBLISH_NAMESPACE,
-    SUBSCRIBE_NAMESPACE, TRACK_STATUS) on a new request stream; raise on REQUEST_ERROR."""
-    rs = await session.open_request()
-    msg = make(session.next_request_id())
-    await rs.send(msg, fin=fin)
-    reply = await _first_reply(session, rs, msg.TYPE.name)
-    if isinstance(reply, RequestErrorMessage):
-        await rs.finish()
-        await rs.release()
-        raise _rejected(reply)
-    return rs, reply, msg.request_id
-
-
-# -- SUBSCRIBE ----------------------------------------------------------------------------------
-
-
-class Subscription(_EventSource[SubscriptionEvent]):
+class Subscription(EventSource[SubscriptionEvent]):
     """The subscriber side of one subscription (SUBSCRIBE we sent, or PUBLISH we accepted).
 
     Iterate it for ``SubscriptionEvent``s; iteration ends after ``SubscriptionDone``. It
     raises ``SessionClosed`` if the session dies first.
     """
 
-    def __init__(self, session: MoqtSession, rs: RequestStream, request_id: int,
+    def __init__(self, session: SessionBase, rs: RequestStream, request_id: int,
                  namespace: TrackNamespace, name: bytes, params: Params) -> None:
         self.session = session
         self.rs = rs
@@ -179,7 +68,7 @@ class Subscription(_EventSource[SubscriptionEvent]):
         self.established = asyncio.Event()
         self.ended = False
         self.done: PublishDone | None = None
-        self._events = _EventQueue(session.config.receive_queue)
+        self._events = EventQueue(session.config.receive_queue)
         self._open_streams = 0
         self._streams_ended = 0
         self._stream_ended = asyncio.Event()
@@ -204,6 +93,18 @@ class Subscription(_EventSource[SubscriptionEvent]):
             self.ended = True
             self._events.put_nowait_end(SessionClosed(code, reason))
         self._end_updates(SessionClosed(code, reason))
+
+    def fetch_stream_started(self, parser: FetchStreamParser) -> tuple[Source, list[Any]]:
+        """Its fill stream (§9.4), decoded in the subscription's Group Order: known once
+        SUBSCRIBE_OK has come; until then the parser holds what it gets."""
+        if self.established.is_set():
+            return Source.FILL, parser.set_group_order(self.group_order)
+        self._fill_parsers.append(parser)
+        return Source.FILL, []
+
+    async def fetch_stream_ended(self, info: StreamInfo, fin: bool, reset_code: int | None
+                                 ) -> None:
+        await self.deliver(StreamEnded(info, fin, reset_code))
 
     def _end_updates(self, exc: BaseException) -> None:
         """No reply can come any more: waiting update()s fail with ``exc``."""
@@ -296,7 +197,7 @@ class Subscription(_EventSource[SubscriptionEvent]):
     def _unbind(self) -> None:
         self._end_updates(RequestCancelled(None, "subscription"))
         if self.track_alias is not None:
-            self.session.unbind_alias(self.track_alias, self)
+            self.session.unbind_alias(self.track_alias, self.request_id)
         self.session.unbind_request(self.request_id)
         for rid in self._fill_request_ids:
             self.session.unbind_request(rid)
@@ -328,318 +229,177 @@ class Subscription(_EventSource[SubscriptionEvent]):
         await self.rs.send(RequestUpdate(rid, params))
         reply = await fut
         if isinstance(reply, RequestErrorMessage):
-            raise _rejected(reply)
+            raise rejected(reply)
         return reply
 
 
-async def _send_routed(session: MoqtSession, rs: RequestStream, msg: RequestMessage,
-                       target: Subscription | FetchResponse) -> Any:
-    """Send SUBSCRIBE or FETCH and return the first reply; data streams carrying its Request
-    ID (or, for a subscription, its Track Alias) reach ``target`` even before that reply. A
-    failed request drops the route; REQUEST_ERROR becomes RequestRejected."""
-    rid = msg.request_id
-    session.bind_request(rid, target)
-    try:
-        await rs.send(msg)
-        reply = await _first_reply(session, rs, msg.TYPE.name)
-    except BaseException:
-        session.unbind_request(rid)
-        raise
-    if isinstance(reply, RequestErrorMessage):
-        session.unbind_request(rid)
-        target.ended = True
-        await rs.finish()
-        await rs.release()
-        raise _rejected(reply)
-    return reply
-
-
-async def start_subscribe(session: MoqtSession, namespace: TrackNamespace, name: bytes,
+async def start_subscribe(session: SessionBase, namespace: TrackNamespace, name: bytes,
                           params: Params) -> Subscription:
     rs = await session.open_request()
     rid = session.next_request_id()
     sub = Subscription(session, rs, rid, namespace, name, params)
     # the fill stream may overtake SUBSCRIBE_OK
-    reply: SubscribeOk = await _send_routed(session, rs, Subscribe(rid, namespace, name, params),
+    reply: SubscribeOk = await send_routed(session, rs, Subscribe(rid, namespace, name, params),
                                             sub)
     sub._established(reply.track_alias, reply.params, reply.track_properties)
     session.spawn(sub.control_loop(), "subscription")
     return sub
 
 
-# -- FETCH --------------------------------------------------------------------------------------
+# -- the publisher -------------------------------------------------------------------------------
 
 
-class FetchResponse(_EventSource[FetchEvent]):
-    """The requester side of a FETCH: FETCH_OK's fields, then the fetch stream's Objects."""
+class ServedSubscription:
+    """Our side of a subscription we publish (a SUBSCRIBE we accepted, or a PUBLISH we sent).
 
-    def __init__(self, session: MoqtSession, rs: RequestStream, request_id: int,
-                 namespace: TrackNamespace, name: bytes, params: Params) -> None:
+    Open one subgroup stream per (Group, Subgroup) with :meth:`open_subgroup`, the fill with
+    :meth:`open_fill`, and end with :meth:`done` (PUBLISH_DONE after every data stream is
+    closed, §7.7). ``cancelled`` is set when the subscriber cancels; every open data stream is
+    then reset with CANCELLED (§8.1).
+    """
+
+    def __init__(self, session: SessionBase, rs: RequestStream, request_id: int,
+                 namespace: TrackNamespace, name: bytes, params: Params, track_alias: int,
+                 requested_by: MessageType) -> None:
         self.session = session
         self.rs = rs
         self.request_id = request_id
         self.full_name = FullTrackName(namespace, name)
         self.params = params
+        self.track_alias = track_alias
+        self.requested_by = requested_by
+        self.forward = params.forward is not False
+        self.subscriber_priority = params.subscriber_priority if \
+            params.subscriber_priority is not None else 128
         self.group_order = params.group_order or GroupOrder.ASCENDING
-        self.end_of_track = False
-        self.end_location: Location | None = None
-        self.track_properties: Properties = ()
-        self._events = _EventQueue(session.config.receive_queue)
-        self.ended = False
+        self.cancelled = asyncio.Event()
+        self.cancel_code: int | None = None
+        self.on_update: UpdateHook | None = None
+        self.stream_count = 0
+        self._writers: set[_StreamWriter] = set()
+        self._all_closed = asyncio.Event()
+        self._all_closed.set()
+        self._done = False
 
-    def stream_opened(self) -> None:
-        pass
+    @property
+    def open_streams(self) -> int:
+        return len(self._writers)
 
-    def stream_closed(self) -> None:
-        pass
+    def _track(self, w: _StreamWriter) -> None:
+        self.stream_count += 1
+        self._writers.add(w)
+        self._all_closed.clear()
 
-    def fetch_stream_ended(self, fin: bool, reset_code: int | None) -> None:
-        if self.ended:
+    def _untrack(self, w: _StreamWriter) -> None:
+        self._writers.discard(w)
+        if not self._writers:
+            self._all_closed.set()
+
+    async def open_subgroup(self, group: int, subgroup: int = 0, priority: int | None = 128, *,
+                            first_object: bool = True, end_of_group: bool = False,
+                            properties: bool = False) -> SubgroupWriter:
+        """Open a subgroup stream and write its SUBGROUP_HEADER (§11.2)."""
+        if self.cancelled.is_set():
+            raise RequestCancelled(self.cancel_code, "subscription")
+        stream = await self.session.conn.open_uni()
+        header = SubgroupHeader(self.track_alias, group, subgroup, priority,
+                                first_object=first_object, end_of_group=end_of_group,
+                                has_properties=properties)
+        w = SubgroupWriter(stream, header, self._untrack)
+        self._track(w)
+        await stream.write(w.header_bytes())
+        return w
+
+    def send_datagram(self, group: int, object_id: int, payload: bytes, *,
+                      priority: int | None = 128, properties: bytes | None = None,
+                      end_of_group: bool = False) -> bool:
+        """One Object as an OBJECT_DATAGRAM (§11.8); False if it did not fit a packet (it is
+        then dropped, as datagrams may be). KVCS never sends datagrams."""
+        if self.cancelled.is_set() or not self.forward:
+            return False
+        data = encode_datagram(ObjectDatagram(self.track_alias, group, object_id, priority,
+                                              payload, None, properties, end_of_group))
+        return self.session.conn.send_datagram(data)
+
+    async def open_fill(self, request_id: int | None = None,
+                        group_order: GroupOrder | None = None) -> FetchWriter:
+        """Open the fill fetch stream of this subscription (§9.4): FETCH_HEADER carries the
+        Request ID of the SUBSCRIBE (default) or of the REQUEST_UPDATE that asked for it."""
+        if self.cancelled.is_set():
+            raise RequestCancelled(self.cancel_code, "subscription")
+        stream = await self.session.conn.open_uni()
+        rid = self.request_id if request_id is None else request_id
+        w = FetchWriter(stream, rid, group_order or self.group_order, self._untrack)
+        self._track(w)
+        await stream.write(w.header_bytes())
+        return w
+
+    async def done(self, status: int = PublishDoneCode.TRACK_ENDED, reason: str = "",
+                   timeout: float = 30.0) -> None:
+        """PUBLISH_DONE once every data stream is closed, then FIN (§7.7). Streams still open
+        after ``timeout`` are reset."""
+        if self._done:
             return
-        self.ended = True
-        self.session.unbind_request(self.request_id)
-        self._events.put_nowait_end(_END if fin else StreamAborted(reset_code or 0))
-        self.session.spawn(self._close_request(), "fetch-fin")
-
-    async def _close_request(self) -> None:
-        """The response is complete: FIN the request stream and forget it (§7.10)."""
-        await self.rs.finish()
-        await self.rs.release()
-
-    def session_closed(self, code: int, reason: str) -> None:
-        if not self.ended:
-            self.ended = True
-            self._events.put_nowait_end(SessionClosed(code, reason))
-
-    def cancel(self, code: int = StreamResetCode.CANCELLED) -> None:
-        """STOP_SENDING the request stream (§10 item 9); late data is dropped."""
-        self.rs.cancel(code)
-        if not self.ended:
-            self.ended = True
-            self._events.put_nowait_end(discard=True)
-        self.session.unbind_request(self.request_id)
-
-    async def collect(self) -> list[FetchEvent]:
-        return [e async for e in self]
-
-
-async def start_fetch(session: MoqtSession, namespace: TrackNamespace, name: bytes,
-                      params: Params) -> FetchResponse:
-    rs = await session.open_request()
-    rid = session.next_request_id()
-    resp = FetchResponse(session, rs, rid, namespace, name, params)
-    # data may come before FETCH_OK (§10 item 4)
-    reply: FetchOk = await _send_routed(session, rs, Fetch(rid, namespace, name, params), resp)
-    resp.end_of_track = reply.end_of_track
-    resp.end_location = reply.end_location
-    resp.track_properties = reply.track_properties
-    return resp
-
-
-
-# -- data streams ---------------------------------------------------------------------------------
-
-
-async def read_subgroup_stream(session: MoqtSession, recv: RecvStream,
-                               parser: SubgroupStreamParser, items: list[Any]) -> None:
-    """A subgroup stream (§11.2): routed by its Track Alias to a subscription."""
-    while parser.header is None:
-        chunk = await _read_or_none(recv)
-        if chunk is None:
+        self._done = True
+        try:
+            await asyncio.wait_for(self._all_closed.wait(), timeout)
+        except TimeoutError:
+            for w in list(self._writers):
+                w.reset(StreamResetCode.INTERNAL_ERROR)
+        if self.cancelled.is_set():
             return
-        items += parser.feed(chunk, not chunk)
-        if not chunk and parser.header is None:
-            raise protocol_violation("subgroup stream ended inside its header")
-    header: SubgroupHeader = parser.header
-    sub = await session.route_for_alias(header.track_alias)
-    if sub is None or sub.ended:
-        recv.stop_sending(StreamResetCode.CANCELLED)
-        return
-    info = StreamInfo(recv.stream_id, Source.SUBGROUP, header)
-    sub.stream_opened()
-    last: int | None = None
-    prio = header.publisher_priority
-    if prio is None:
-        prio = _default_priority(sub.track_properties)
-    try:
-        while True:
-            for item in items:
-                if isinstance(item, SubgroupHeader):
-                    continue
-                last = item.object_id
-                subgroup = parser.subgroup_id if parser.subgroup_id is not None else 0
-                await sub.deliver(ReceivedObject(
-                    header.group_id, subgroup, item.object_id, prio, item.status,
-                    item.properties, item.payload, info))
-            chunk = await recv.read()
-            if not chunk:
-                parser.end_of_stream()
-                await sub.deliver(StreamEnded(info, True, None, last))
-                return
-            items = parser.feed(chunk)
-    except StreamReset as e:
-        await sub.deliver(StreamEnded(info, False, e.code, last))
-    finally:
-        sub.stream_closed()
+        with contextlib.suppress(TransportError):
+            await self.rs.send(PublishDone(int(status), self.stream_count, reason[:1024]),
+                               fin=True)
 
+    def _on_cancel(self, code: int | None) -> None:
+        if self.cancelled.is_set():
+            return
+        self.cancel_code = code
+        self.cancelled.set()
+        for w in list(self._writers):
+            w.reset(StreamResetCode.CANCELLED)
 
-def _default_priority(props: Properties) -> int:
-    for p in props:
-        if p.type == 0x0E and isinstance(p.value, int):
-            return p.value
-    return 128
-
-
-async def _read_or_none(recv: RecvStream) -> bytes | None:
-    try:
-        return await recv.read()
-    except StreamReset:
-        return None
-
-
-async def read_fetch_stream(session: MoqtSession, recv: RecvStream, parser: FetchStreamParser,
-                            items: list[Any]) -> None:
-    """A fetch or fill fetch stream (§11.6): routed by the Request ID in its header."""
-    while parser.header is None:
-        chunk = await _read_or_none(recv)
-        if chunk is None:
-            return  # reset before the header (§18 rule 3)
-        items += parser.feed(chunk, not chunk)
-        if not chunk and parser.header is None:
-            raise protocol_violation("fetch stream ended inside its header")
-    rid = parser.header.request_id
-    route = await session.route_for_request(rid)
-    if route is None or route.ended:
-        recv.stop_sending(StreamResetCode.CANCELLED)
-        return
-    is_fill = isinstance(route, Subscription)
-    info = StreamInfo(recv.stream_id, Source.FILL if is_fill else Source.FETCH)
-    if is_fill:
-        sub: Subscription = route  # type: ignore[assignment]
-        if sub.established.is_set():
-            items += parser.set_group_order(sub.group_order)
-        else:
-            sub._fill_parsers.append(parser)  # held until SUBSCRIBE_OK (§9.4)
-    else:
-        items += parser.set_group_order(route.group_order)
-    route.stream_opened()
-    fin = False
-    reset: int | None = None
-    try:
-        while True:
-            for item in items:
-                if isinstance(item, FetchObject):
-                    await route.deliver(ReceivedObject(
-                        item.group_id, item.subgroup_id or 0, item.object_id,
-                        item.publisher_priority, ObjectStatus.NORMAL, item.properties,
-                        item.payload, info))
-                elif isinstance(item, EndOfRange):
-                    await route.deliver(RangeMarker(item.type, item.location, info))
-            chunk = await recv.read()
-            if not chunk:
-                items = parser.end_of_stream()
-                if items:
-                    continue
-                fin = True
-                return
-            items = parser.feed(chunk)
-    except StreamReset as e:
-        reset = e.code
-    finally:
-        route.stream_closed()
-        if is_fill:
-            if fin or reset is not None:
-                await route.deliver(StreamEnded(info, fin, reset))
-        elif fin or reset is not None:
-            route.fetch_stream_ended(fin, reset)  # type: ignore[union-attr]
-
-
-# -- namespaces -----------------------------------------------------------------------------------
-
-
-class PublishedNamespace:
-    """A PUBLISH_NAMESPACE we sent and the peer accepted; withdraw by cancelling (§7.12)."""
-
-    def __init__(self, session: MoqtSession, rs: RequestStream, namespace: TrackNamespace
-                 ) -> None:
-        self.session = session
-        self.rs = rs
-        self.namespace = namespace
-        self.withdrawn = asyncio.Event()
-
-    async def _watch(self) -> None:
+    async def control_loop(self) -> None:
+        """REQUEST_UPDATEs from the subscriber (GOAWAY aside, nothing else gets past the
+        state); its reset or STOP_SENDING is a cancel, its FIN is not (§5.1)."""
         try:
-            while await self.rs.recv() is not None:
-                pass  # GOAWAY: the state checked it; nothing else may come (§5.2)
-        except StreamReset:
-            pass
-        self.withdrawn.set()
+            while (msg := await self.rs.recv()) is not None:
+                if isinstance(msg, RequestUpdate):
+                    await self._apply_update(msg)
+        except StreamReset as e:
+            self._on_cancel(e.code)
 
-    def withdraw(self) -> None:
-        self.rs.cancel(StreamResetCode.CANCELLED)
-        self.withdrawn.set()
-
-
-async def start_publish_namespace(session: MoqtSession, namespace: TrackNamespace,
-                                  params: Params) -> PublishedNamespace:
-    rs, _, _ = await request_ok(session, lambda rid: PublishNamespace(rid, namespace, params))
-    handle = PublishedNamespace(session, rs, namespace)
-    session.spawn(handle._watch(), "publish-namespace")
-    return handle
-
-
-class NamespaceSubscription(_EventSource[NamespaceEvent]):
-    """A SUBSCRIBE_NAMESPACE we sent: iterate for ``NamespaceEvent``s (§7.13)."""
-
-    def __init__(self, session: MoqtSession, rs: RequestStream, prefix: TrackNamespace) -> None:
-        self.session = session
-        self.rs = rs
-        self.prefix = prefix
-        self.active: set[TrackNamespace] = set()
-        self._events = _EventQueue(1 << 16)
+    async def _apply_update(self, msg: RequestUpdate) -> None:
+        p = msg.params
+        if p.forward is not None:
+            self.forward = p.forward
+        if p.subscriber_priority is not None:
+            self.subscriber_priority = p.subscriber_priority
+        reply_params: Params | None = Params()
+        if self.on_update is not None:
+            try:
+                reply_params = await self.on_update(msg)
+            except RequestRejected as e:
+                await self.rs.send(RequestErrorMessage(e.code, 0, e.reason))
+                return
+        await self.rs.send(RequestOk(reply_params or Params()))
 
 
-    async def _loop(self) -> None:
-        try:
-            while True:
-                msg = await self.rs.recv()
-                if msg is None:
-                    break
-                if isinstance(msg, Namespace):
-                    ns = self.prefix + msg.suffix
-                    self.active.add(ns)
-                    await self._events.put(NamespaceEvent(msg.suffix, ns, True))
-                elif isinstance(msg, NamespaceDone):  # announced before: the state checked
-                    ns = self.prefix + msg.suffix
-                    self.active.discard(ns)
-                    await self._events.put(NamespaceEvent(msg.suffix, ns, False))
-        except StreamReset:
-            pass
-        # §7.13: a reset or FIN of the response direction means every namespace is done.
-        for ns in sorted(self.active):
-            await self._events.put(NamespaceEvent(ns[len(self.prefix):], ns, False))
-        self.active.clear()
-        self._events.put_nowait_end()
+class IncomingSubscribe(IncomingTrackRequest):
+    TYPE = MessageType.SUBSCRIBE
+    msg: Subscribe
 
-    def session_closed(self, code: int, reason: str) -> None:
-        self._events.put_nowait_end(SessionClosed(code, reason))
-
-    def cancel(self) -> None:
-        self.rs.cancel(StreamResetCode.CANCELLED)
-        self._events.put_nowait_end(discard=True)
-
-
-async def start_subscribe_namespace(session: MoqtSession, prefix: TrackNamespace,
-                                    params: Params) -> NamespaceSubscription:
-    rs, _, _ = await request_ok(session, lambda rid: SubscribeNamespace(rid, prefix, params))
-    handle = NamespaceSubscription(session, rs, prefix)
-    session.spawn(handle._loop(), "subscribe-namespace")
-    return handle
-
-
-async def track_status(session: MoqtSession, namespace: TrackNamespace, name: bytes,
-                       params: Params) -> RequestOk:
-    rs, reply, _ = await request_ok(session, lambda rid: TrackStatus(rid, namespace, name, params),
-                                 fin=True)
-    await rs.release()  # TRACK_STATUS_OK ends the request (§7.11)
-    return reply
+    async def accept(self, largest: Location | None, *, expires: int | None = None,
+                     properties: Properties = (), track_alias: int | None = None
+                     ) -> ServedSubscription:
+        """SUBSCRIBE_OK with LARGEST_OBJECT = ``largest`` (the L the filters were evaluated
+        against, §9.6)."""
+        self._answer()
+        alias = self.session.next_track_alias() if track_alias is None else track_alias
+        served = ServedSubscription(self.session, self.rs, self.request_id, self.namespace,
+                                    self.name, self.params, alias, MessageType.SUBSCRIBE)
+        await self.rs.send(SubscribeOk(alias, Params(largest_object=largest, expires=expires),
+                                       properties))
+        self.session.spawn(served.control_loop(), "served-subscription")
+        return served

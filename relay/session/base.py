@@ -43,9 +43,10 @@ class DataRoute(Protocol):
 
     async def deliver(self, event: Any) -> None: ...
 
-    def fetch_stream_started(self, parser: FetchStreamParser) -> tuple[Source, list[Any]]:
+    async def fetch_stream_started(self, parser: FetchStreamParser
+                                   ) -> tuple[Source, list[Any]] | None:
         """A fetch or fill stream with this route's Request ID: its Source, and the items the
-        parser releases once it knows the Group Order."""
+        parser releases once it knows the Group Order; None to refuse the stream."""
         ...
 
     async def fetch_stream_ended(self, info: StreamInfo, fin: bool, reset_code: int | None

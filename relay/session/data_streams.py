@@ -94,13 +94,18 @@ async def read_fetch_stream(session: SessionBase, recv: RecvStream, parser: Fetc
     if route is None or route.ended:
         recv.stop_sending(StreamResetCode.CANCELLED)
         return
-    source, released = route.fetch_stream_started(parser)
-    items += released
-    info = StreamInfo(recv.stream_id, source)
     route.stream_opened()
+    info: StreamInfo | None = None
     fin = False
     reset: int | None = None
     try:
+        started = await route.fetch_stream_started(parser)
+        if started is None:
+            recv.stop_sending(StreamResetCode.CANCELLED)
+            return
+        source, released = started
+        info = StreamInfo(recv.stream_id, source)
+        items += released
         while True:
             for item in items:
                 if isinstance(item, FetchObject):
@@ -122,7 +127,7 @@ async def read_fetch_stream(session: SessionBase, recv: RecvStream, parser: Fetc
         reset = e.code
     finally:
         route.stream_closed()
-        if fin or reset is not None:
+        if info is not None and (fin or reset is not None):
             await route.fetch_stream_ended(info, fin, reset)
 
 

@@ -48,7 +48,8 @@ class FetchResponse(EventSource[FetchEvent]):
     def stream_closed(self) -> None:
         pass
 
-    def fetch_stream_started(self, parser: FetchStreamParser) -> tuple[Source, list[Any]]:
+    async def fetch_stream_started(self, parser: FetchStreamParser
+                                   ) -> tuple[Source, list[Any]] | None:
         return Source.FETCH, parser.set_group_order(self.group_order)
 
     async def fetch_stream_ended(self, info: StreamInfo, fin: bool, reset_code: int | None

@@ -72,7 +72,6 @@ class Subscription(EventSource[SubscriptionEvent]):
         self._open_streams = 0
         self._streams_ended = 0
         self._stream_ended = asyncio.Event()
-        self._fill_parsers: list[FetchStreamParser] = []
         # update()s waiting for their reply, in order (§5.1); None once no reply can come
         self._update_waiters: deque[asyncio.Future[RequestOk | RequestErrorMessage]] | None = \
             deque()
@@ -94,13 +93,18 @@ class Subscription(EventSource[SubscriptionEvent]):
             self._events.put_nowait_end(SessionClosed(code, reason))
         self._end_updates(SessionClosed(code, reason))
 
-    def fetch_stream_started(self, parser: FetchStreamParser) -> tuple[Source, list[Any]]:
-        """Its fill stream (§9.4), decoded in the subscription's Group Order: known once
-        SUBSCRIBE_OK has come; until then the parser holds what it gets."""
-        if self.established.is_set():
-            return Source.FILL, parser.set_group_order(self.group_order)
-        self._fill_parsers.append(parser)
-        return Source.FILL, []
+    async def fetch_stream_started(self, parser: FetchStreamParser
+                                   ) -> tuple[Source, list[Any]] | None:
+        """Its fill stream (§9.4), decoded in the subscription's Group Order, which the
+        SUBSCRIBE_OK's Track Properties may give: a fill that overtook it waits for it (as
+        long as a subgroup stream would wait for its alias)."""
+        if not self.established.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.established.wait(),
+                                       self.session.config.alias_wait_timeout)
+        if not self.established.is_set() or self.ended:
+            return None
+        return Source.FILL, parser.set_group_order(self.group_order)
 
     async def fetch_stream_ended(self, info: StreamInfo, fin: bool, reset_code: int | None
                                  ) -> None:
@@ -126,9 +130,6 @@ class Subscription(EventSource[SubscriptionEvent]):
                 self.group_order = GroupOrder(p.value)
         self.session.alias_bound(alias)  # the state bound it when the reply arrived
         self.established.set()
-        for parser in self._fill_parsers:
-            if parser.group_order is None:
-                parser.set_group_order(self.group_order)
 
     async def control_loop(self) -> None:
         """Read the request stream after the first reply: PUBLISH_DONE, update replies,

@@ -24,7 +24,7 @@ Public API (all re-exported here):
 * Control messages — frozen dataclasses ``Setup``, ``GoAway``, ``Subscribe``, ``SubscribeOk``,
   ``Publish``, ``PublishDone``, ``PublishStateNotify``, ``Fetch``, ``FetchOk``, ``TrackStatus``,
   ``PublishNamespace``, ``SubscribeNamespace``, ``Namespace``, ``NamespaceDone``,
-  ``SubscribeTracks``, ``PublishSkipped``, ``RequestOk``, ``RequestErrorMessage`` (+
+  ``SubscribeTracks``, ``RequestOk``, ``RequestErrorMessage`` (+
   ``Redirect``), ``RequestUpdate``; ``encode_message(msg) -> bytes``,
   ``decode_message(type, body)``, ``ControlStreamParser`` (``feed(data, end_stream) ->
   [Message | InvalidRequest]``), role/context checks ``check_setup``, ``check_goaway``,
@@ -35,7 +35,7 @@ Public API (all re-exported here):
 * Data plane — ``SubgroupHeader``, ``SubgroupObject``, ``FetchHeader``, ``FetchObject``,
   ``EndOfRange``, ``ObjectDatagram``; encoders ``encode_subgroup_header``,
   ``SubgroupStreamEncoder``, ``encode_subgroup_object_header``, ``FetchStreamEncoder``,
-  ``encode_fetch_header``, ``encode_datagram``, ``encode_padding_datagram``; parsers
+  ``encode_fetch_header``, ``encode_datagram``; parsers
   ``UniStreamParser`` (dispatch of §1.3), ``SubgroupStreamParser``, ``FetchStreamParser``
   (``set_group_order`` for fill streams), ``decode_datagram``. Payloads come out as
   ``memoryview`` slices of the received chunks; encoders return framing only so payloads are
@@ -82,7 +82,6 @@ from .dataplane import (
     decode_datagram,
     encode_datagram,
     encode_fetch_header,
-    encode_padding_datagram,
     encode_subgroup_header,
     encode_subgroup_object_header,
 )
@@ -99,7 +98,6 @@ from .messages import (
     Publish,
     PublishDone,
     PublishNamespace,
-    PublishSkipped,
     PublishStateNotify,
     Redirect,
     RequestErrorMessage,
@@ -183,7 +181,6 @@ __all__ = [
     "PublishDone",
     "PublishDoneCode",
     "PublishNamespace",
-    "PublishSkipped",
     "PublishStateNotify",
     "Range",
     "RangeFilter",
@@ -233,7 +230,6 @@ __all__ = [
     "encode_fetch_header",
     "encode_kvps",
     "encode_message",
-    "encode_padding_datagram",
     "encode_params",
     "encode_subgroup_header",
     "encode_subgroup_object_header",

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from moqt_strategies import fetch_streams, raw_properties, subgroup_streams, u8, u64
 
 from relay.moqt import (
+    PADDING_DATAGRAM_TYPE,
     EndOfRange,
     EndOfRangeType,
     FetchHeader,
@@ -28,8 +29,8 @@ from relay.moqt import (
     UniStreamType,
     decode_datagram,
     encode_datagram,
-    encode_padding_datagram,
     encode_subgroup_object_header,
+    encode_vi64,
 )
 from relay.moqt.dataplane import PADDING_STREAM_HEADER
 
@@ -243,7 +244,7 @@ def test_datagrams_round_trip(d: ObjectDatagram) -> None:
 
 
 def test_padding_datagram_and_stream_are_discarded() -> None:
-    assert decode_datagram(encode_padding_datagram(100)) is None
+    assert decode_datagram(encode_vi64(PADDING_DATAGRAM_TYPE) + bytes(95)) is None
     parser = UniStreamParser()
     assert parser.feed(PADDING_STREAM_HEADER[:2]) == []
     assert parser.feed(PADDING_STREAM_HEADER[2:] + bytes(50)) == []

@@ -27,8 +27,8 @@ from relay.session import (
     MoqtSession,
     ReceivedObject,
     ServedSubscription,
+    SessionClosed,
     SessionConfig,
-    SessionFailure,
     SessionHandler,
     Source,
     StreamEnded,
@@ -65,8 +65,9 @@ async def test_one_alias_for_two_live_tracks_closes_the_session(pair) -> None:  
     # the same Track again under its alias: no conflict
     again = await asyncio.wait_for(client.subscribe(NS, b"x"), TIMEOUT)
     assert again.track_alias == ALIAS and not client.closed
-    with pytest.raises(SessionFailure):
+    with pytest.raises(SessionClosed) as e:
         await asyncio.wait_for(client.subscribe(NS, b"y"), TIMEOUT)
+    assert e.value.meaning == SessionErrorCode.DUPLICATE_TRACK_ALIAS
     code, _ = await asyncio.wait_for(client.wait_closed(), TIMEOUT)
     assert code == SessionErrorCode.DUPLICATE_TRACK_ALIAS
 

@@ -53,12 +53,12 @@ async def read_subgroup_stream(session: SessionBase, recv: RecvStream,
                 await sub.deliver(ReceivedObject(
                     header.group_id, subgroup, item.object_id, prio, item.status,
                     item.properties, item.payload, info))
-            chunk = await recv.read()
-            if not chunk:
+            chunks = await recv.read_chunks()  # as received: the parser decides what to join
+            if not chunks:
                 parser.end_of_stream()
                 await sub.deliver(StreamEnded(info, True, None, last))
                 return
-            items = parser.feed(chunk)
+            items = parser.feed_chunks(chunks)
     except StreamReset as e:
         await sub.deliver(StreamEnded(info, False, e.code, last))
     finally:
@@ -115,14 +115,14 @@ async def read_fetch_stream(session: SessionBase, recv: RecvStream, parser: Fetc
                         item.payload, info))
                 elif isinstance(item, EndOfRange):
                     await route.deliver(RangeMarker(item.type, item.location, info))
-            chunk = await recv.read()
-            if not chunk:
+            chunks = await recv.read_chunks()
+            if not chunks:
                 items = parser.end_of_stream()
                 if items:
                     continue
                 fin = True
                 return
-            items = parser.feed(chunk)
+            items = parser.feed_chunks(chunks)
     except StreamReset as e:
         reset = e.code
     finally:

@@ -44,6 +44,8 @@ class RequestStream:
         if self._send_done:
             return
         data = self.state.send(msg)
+        if fin:
+            self.state.send_ended()
         await self.send_stream.write(data, end_stream=fin)
         if fin:
             self._send_done = True
@@ -53,6 +55,7 @@ class RequestStream:
         if self._send_done:
             return
         self._send_done = True
+        self.state.send_ended()
         with contextlib.suppress(TransportError):
             await self.send_stream.finish()
 
@@ -92,6 +95,7 @@ class RequestStream:
         """Abort both directions (RESET_STREAM + STOP_SENDING), §5.1."""
         if not self._send_done:
             self._send_done = True
+            self.state.send_ended()
             self.send_stream.reset(code)
         if not self._recv_done:
             self._recv_done = True

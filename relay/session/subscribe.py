@@ -240,8 +240,8 @@ async def start_subscribe(session: SessionBase, namespace: TrackNamespace, name:
     rid = session.next_request_id()
     sub = Subscription(session, rs, rid, namespace, name, params)
     # the fill stream may overtake SUBSCRIBE_OK
-    reply: SubscribeOk = await send_routed(session, rs, Subscribe(rid, namespace, name, params),
-                                            sub)
+    msg = Subscribe(rid, namespace, name, params)
+    reply: SubscribeOk = await send_routed(session, rs, msg, sub)
     sub._established(reply.track_alias, reply.params, reply.track_properties)
     session.spawn(sub.control_loop(), "subscription")
     return sub

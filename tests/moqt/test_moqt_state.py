@@ -442,3 +442,16 @@ def test_the_subscriber_of_a_publish_is_limited_by_the_publisher() -> None:
     b = established(p, lambda rid: Publish(rid, NS, b"t", 1))
     b.to_requester(RequestUpdate(p.server.next_request_id()))  # e.g. Forward 1
     closes(TOO_MANY, b.to_requester, raw(RequestUpdate(p.server.next_request_id())))
+
+
+def test_updates_crossing_our_fin_are_not_held_against_the_peer() -> None:
+    """After PUBLISH_DONE and FIN nothing can answer a REQUEST_UPDATE; one the subscriber sent
+    before it saw them is not counted against MAX_REQUEST_UPDATES (§5.1: FIN ends a
+    direction)."""
+    p = Pair(server_setup=Setup(max_request_updates=1))
+    b = established(p)
+    b.responder.send(PublishDone(2, 0))
+    b.responder.send_ended()
+    for _ in range(3):
+        got = b.to_responder(raw(RequestUpdate(p.client.next_request_id())))
+        assert [type(g) for g in got] == [RequestUpdate]

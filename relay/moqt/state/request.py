@@ -107,9 +107,9 @@ class RequestState:
     message of ours and returns its bytes.
     """
 
-    __slots__ = ("_goaway_received", "_goaway_sent", "_namespaces", "_over", "_parser",
-                 "_updates_received", "_updates_sent", "kind", "ours", "request", "responded",
-                 "session")
+    __slots__ = ("_done_sending", "_goaway_received", "_goaway_sent", "_namespaces", "_over",
+                 "_parser", "_updates_received", "_updates_sent", "kind", "ours", "request",
+                 "responded", "session")
 
     def __init__(self, session: SessionState, *, ours: bool) -> None:
         self.session = session
@@ -123,6 +123,7 @@ class RequestState:
         self._updates_received = 0  # the peer's REQUEST_UPDATEs we have not answered yet
         self._goaway_sent = False
         self._goaway_received = False
+        self._done_sending = False  # our direction ended (FIN or reset)
         self._namespaces: set[TrackNamespace] = set()
 
     @property
@@ -169,6 +170,12 @@ class RequestState:
                     raise ValueError("a second GOAWAY on a request stream")
                 self._goaway_sent = True
         return encode_message(msg)
+
+    def send_ended(self) -> None:
+        """Our direction ended (FIN or RESET_STREAM): nothing more is sent, so a
+        REQUEST_UPDATE still arriving cannot be answered and is not held against the peer's
+        limit (it crossed our FIN)."""
+        self._done_sending = True
 
     # -- the peer's --------------------------------------------------------------------------
 
@@ -280,11 +287,12 @@ class RequestState:
         s = self.session
         if rid is not None:
             s.peer_ids.use(rid)
-        self._updates_received += 1
-        limit = s.max_request_updates
-        if limit and self._updates_received > limit:
-            raise SessionError(SessionErrorCode.TOO_MANY_REQUEST_UPDATES,
-                               f"more than {limit} unanswered REQUEST_UPDATEs")
+        if not self._done_sending:  # else it crossed our FIN: never answered, never held
+            self._updates_received += 1
+            limit = s.max_request_updates
+            if limit and self._updates_received > limit:
+                raise SessionError(SessionErrorCode.TOO_MANY_REQUEST_UPDATES,
+                                   f"more than {limit} unanswered REQUEST_UPDATEs")
         if isinstance(msg, InvalidRequest):
             return Refuse(msg.error.code, msg.error.reason, False)
         assert isinstance(msg, RequestUpdate) and self.kind is not None

@@ -10,6 +10,7 @@ than the ones below it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any, Protocol
@@ -200,27 +201,14 @@ class SessionBase:
     async def route_for_alias(self, alias: int) -> DataRoute | None:
         """A subgroup stream can overtake the SUBSCRIBE_OK naming its alias (§8.3): it waits
         for it, at most ``alias_wait_timeout``."""
-        sub = self.alias_route(alias)
-        if sub is not None:
-            return sub
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._alias_waiters.setdefault(alias, []).append(fut)
-        try:
-            await asyncio.wait_for(fut, self.config.alias_wait_timeout)
-        except TimeoutError:
-            return None
-        finally:
-            waiters = self._alias_waiters.get(alias)
-            if waiters is not None and fut in waiters:
-                waiters.remove(fut)
+        if self.alias_route(alias) is None:
+            await self._wait_for(self._alias_waiters, alias)
         return self.alias_route(alias)
 
     def alias_bound(self, alias: int) -> None:
         """A SUBSCRIBE_OK or PUBLISH bound ``alias`` (the state checked it): streams that
         overtook it may go on."""
-        for w in self._alias_waiters.pop(alias, []):
-            if not w.done():
-                w.set_result(None)
+        _wake(self._alias_waiters, alias)
 
     def unbind_alias(self, alias: int, request_id: int) -> None:
         self.state.aliases.release(alias, request_id)
@@ -230,22 +218,34 @@ class SessionBase:
         overtake the reply that routes it."""
         if not self.state.issued(rid):
             return None
-        route = self.routes.get(rid)
-        if route is not None:
-            return route
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._route_waiters.setdefault(rid, []).append(fut)
-        try:
-            await asyncio.wait_for(fut, self.config.alias_wait_timeout)
-        except TimeoutError:
-            return None
+        if rid not in self.routes:
+            await self._wait_for(self._route_waiters, rid)
         return self.routes.get(rid)
 
     def bind_request(self, rid: int, route: DataRoute) -> None:
         self.routes[rid] = route
-        for w in self._route_waiters.pop(rid, []):
-            if not w.done():
-                w.set_result(None)
+        _wake(self._route_waiters, rid)
+
+    async def _wait_for(self, waiters: dict[int, list[asyncio.Future[None]]], key: int
+                        ) -> None:
+        """Until ``key`` is bound or ``alias_wait_timeout`` has passed."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters.setdefault(key, []).append(fut)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fut, self.config.alias_wait_timeout)
+        finally:
+            pending = waiters.get(key)
+            if pending is not None and fut in pending:
+                pending.remove(fut)
+                if not pending:
+                    del waiters[key]
 
     def unbind_request(self, rid: int) -> None:
         self.routes.pop(rid, None)
+
+
+def _wake(waiters: dict[int, list[asyncio.Future[None]]], key: int) -> None:
+    for w in waiters.pop(key, []):
+        if not w.done():
+            w.set_result(None)

@@ -24,17 +24,18 @@ Public API (all re-exported here):
 * Control messages — frozen dataclasses ``Setup``, ``GoAway``, ``Subscribe``, ``SubscribeOk``,
   ``Publish``, ``PublishDone``, ``PublishStateNotify``, ``Fetch``, ``FetchOk``, ``TrackStatus``,
   ``PublishNamespace``, ``SubscribeNamespace``, ``Namespace``, ``NamespaceDone``,
-  ``SubscribeTracks``, ``PublishSkipped``, ``RequestOk``, ``RequestErrorMessage`` (+
+  ``SubscribeTracks``, ``RequestOk``, ``RequestErrorMessage`` (+
   ``Redirect``), ``RequestUpdate``; ``encode_message(msg) -> bytes``,
   ``decode_message(type, body)``, ``ControlStreamParser`` (``feed(data, end_stream) ->
   [Message | InvalidRequest]``), role/context checks ``check_setup``, ``check_goaway``,
   ``check_request_ok``, ``check_request_update``, ``check_redirect``, ``check_fetch_ok``.
-* Session rules — ``RequestIdValidator``, ``TrackAliasRegistry``, ``ControlStreamChecker``,
-  ``RequestStreamChecker``.
+* Session rules — ``SessionState`` (one per session: SETUP, GOAWAY, Request IDs, Track
+  Aliases, stream dispatch) and ``RequestState`` (one per request stream; ``Refuse`` is a
+  request it refuses): the sans-IO state the session layer asks for every legality decision.
 * Data plane — ``SubgroupHeader``, ``SubgroupObject``, ``FetchHeader``, ``FetchObject``,
   ``EndOfRange``, ``ObjectDatagram``; encoders ``encode_subgroup_header``,
   ``SubgroupStreamEncoder``, ``encode_subgroup_object_header``, ``FetchStreamEncoder``,
-  ``encode_fetch_header``, ``encode_datagram``, ``encode_padding_datagram``; parsers
+  ``encode_fetch_header``, ``encode_datagram``; parsers
   ``UniStreamParser`` (dispatch of §1.3), ``SubgroupStreamParser``, ``FetchStreamParser``
   (``set_group_order`` for fill streams), ``decode_datagram``. Payloads come out as
   ``memoryview`` slices of the received chunks; encoders return framing only so payloads are
@@ -81,7 +82,6 @@ from .dataplane import (
     decode_datagram,
     encode_datagram,
     encode_fetch_header,
-    encode_padding_datagram,
     encode_subgroup_header,
     encode_subgroup_object_header,
 )
@@ -98,7 +98,6 @@ from .messages import (
     Publish,
     PublishDone,
     PublishNamespace,
-    PublishSkipped,
     PublishStateNotify,
     Redirect,
     RequestErrorMessage,
@@ -138,12 +137,7 @@ from .primitives import (
     prefixes_overlap,
 )
 from .range_filter import Range, RangeFilter, evaluate_range_filters
-from .rules import (
-    ControlStreamChecker,
-    RequestIdValidator,
-    RequestStreamChecker,
-    TrackAliasRegistry,
-)
+from .state import Refuse, RequestState, SessionState
 from .token import Token, decode_token, encode_token
 from .vi64 import MAX_VI64, decode_vi64, encode_vi64, vi64_size
 
@@ -153,7 +147,6 @@ __all__ = [
     "PADDING_DATAGRAM_TYPE",
     "PADDING_STREAM_TYPE",
     "AliasType",
-    "ControlStreamChecker",
     "ControlStreamParser",
     "EndOfRange",
     "EndOfRangeType",
@@ -188,20 +181,20 @@ __all__ = [
     "PublishDone",
     "PublishDoneCode",
     "PublishNamespace",
-    "PublishSkipped",
     "PublishStateNotify",
     "Range",
     "RangeFilter",
     "Redirect",
+    "Refuse",
     "RequestError",
     "RequestErrorCode",
     "RequestErrorMessage",
-    "RequestIdValidator",
     "RequestOk",
-    "RequestStreamChecker",
+    "RequestState",
     "RequestUpdate",
     "SessionError",
     "SessionErrorCode",
+    "SessionState",
     "Setup",
     "SetupOption",
     "StreamResetCode",
@@ -215,7 +208,6 @@ __all__ = [
     "SubscribeOk",
     "SubscribeTracks",
     "Token",
-    "TrackAliasRegistry",
     "TrackNamespace",
     "TrackStatus",
     "UniStreamParser",
@@ -238,7 +230,6 @@ __all__ = [
     "encode_fetch_header",
     "encode_kvps",
     "encode_message",
-    "encode_padding_datagram",
     "encode_params",
     "encode_subgroup_header",
     "encode_subgroup_object_header",

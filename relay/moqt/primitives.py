@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from .errors import protocol_violation
 from .reader import Reader
-from .vi64 import MAX_VI64, encode_vi64
+from .vi64 import encode_vi64
 
 __all__ = [
     "MAX_FULL_TRACK_NAME",
@@ -24,7 +24,6 @@ __all__ = [
     "TrackNamespace",
     "check_full_track_name",
     "check_full_track_name_out",
-    "check_u64",
     "decode_location",
     "decode_reason",
     "decode_track_name",
@@ -204,9 +203,3 @@ def format_namespace(ns: Sequence[bytes]) -> str:
 def format_full_track_name(ns: Sequence[bytes], name: bytes) -> str:
     """Log text form (§2.7): ``<namespace>--<name>``."""
     return f"{format_namespace(ns)}--{_escape(name)}"
-
-
-def check_u64(v: int, what: str) -> int:
-    if v > MAX_VI64:
-        raise protocol_violation(f"{what} exceeds 2^64-1")
-    return v

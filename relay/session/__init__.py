@@ -30,18 +30,18 @@ from .events import (
     StreamInfo,
     SubscriptionDone,
 )
+from .fetch import FetchResponse, IncomingFetch
 from .handler import SessionHandler
-from .publisher import (
-    IncomingFetch,
-    IncomingPublish,
+from .namespace import (
     IncomingPublishNamespace,
-    IncomingSubscribe,
     IncomingSubscribeNamespace,
-    IncomingTrackStatus,
-    ServedSubscription,
+    NamespaceSubscription,
+    PublishedNamespace,
 )
+from .publish import IncomingPublish
 from .session import MoqtSession
-from .subscriber import FetchResponse, NamespaceSubscription, PublishedNamespace, Subscription
+from .subscribe import IncomingSubscribe, ServedSubscription, Subscription
+from .track_status import IncomingTrackStatus
 from .writers import FetchWriter, SubgroupWriter
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from relay.moqt.token import Token
 
@@ -30,4 +30,3 @@ class SessionConfig:
     # Native QUIC clients send PATH/AUTHORITY from the moqt:// URL (§1.1).
     path: str | None = None
     authority: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from relay.moqt.codes import RequestErrorCode, publish_done_meaning, request_error_meaning
+from relay.moqt.codes import (
+    RequestErrorCode,
+    SessionErrorCode,
+    StreamResetCode,
+    publish_done_meaning,
+    request_error_meaning,
+    session_error_meaning,
+    stream_reset_meaning,
+)
 from relay.moqt.messages.request import Redirect
 
 
@@ -11,11 +19,15 @@ class SessionFailure(Exception):
 
 
 class SessionClosed(SessionFailure):
-    """The MOQT session ended (``code`` is the Session Termination code, or a QUIC one)."""
+    """The MOQT session ended (``code`` is the Session Termination code, or a QUIC one;
+    ``meaning`` reads an unknown one as INTERNAL_ERROR, §4.5)."""
 
     def __init__(self, code: int, reason: str = "") -> None:
-        super().__init__(f"session closed (0x{code:x}{': ' + reason if reason else ''})")
+        meaning = session_error_meaning(code)
+        super().__init__(f"session closed: {meaning.name} (0x{code:x})"
+                         f"{': ' + reason if reason else ''}")
         self.code = code
+        self.meaning: SessionErrorCode = meaning
         self.reason = reason
 
 
@@ -42,11 +54,15 @@ class RequestCancelled(SessionFailure):
 
 
 class StreamAborted(SessionFailure):
-    """A fetch (or fill) stream was reset by the peer with ``code`` (a stream reset code)."""
+    """A fetch (or fill) stream was reset by the peer with ``code`` (a stream reset code;
+    ``meaning`` reads an unknown one, e.g. a WebTransport-mapped one, as INTERNAL_ERROR,
+    §11.9, §18 rule 2)."""
 
     def __init__(self, code: int) -> None:
-        super().__init__(f"stream reset by peer (code 0x{code:x})")
+        meaning = stream_reset_meaning(code)
+        super().__init__(f"stream reset by peer: {meaning.name} (0x{code:x})")
         self.code = code
+        self.meaning: StreamResetCode = meaning
 
 
 class PublishEnded(SessionFailure):

@@ -4,7 +4,11 @@ A ``Subscription`` yields, in arrival order per stream: ``ReceivedObject`` (from
 streams and the fill fetch stream), ``StreamEnded`` (a subgroup or fill stream ended: FIN or
 reset), ``RangeMarker`` (End of Range on a fill) and finally ``SubscriptionDone``. A
 ``FetchResponse`` yields ``ReceivedObject`` and ``RangeMarker`` until its stream's FIN.
-Payloads are ``memoryview``s of the received QUIC data: never copied, never interpreted.
+Payloads are ``memoryview``s, never interpreted. The transport hands received chunks over as
+they came (no copy); the stream's parser joins the chunks of one read only when they hold an
+Object boundary (its Objects then view that buffer) and joins an Object spanning reads once,
+to its exact size. A byte is copied at most twice on the way in, the bulk of a large Object
+once (``relay/moqt/dataplane/chunked.py``).
 """
 
 from __future__ import annotations

@@ -15,15 +15,12 @@ from relay.moqt.codes import RequestErrorCode
 if TYPE_CHECKING:
     from relay.moqt.messages import GoAway
 
-    from .publisher import (
-        IncomingFetch,
-        IncomingPublish,
-        IncomingPublishNamespace,
-        IncomingSubscribe,
-        IncomingSubscribeNamespace,
-        IncomingTrackStatus,
-    )
-    from .session import MoqtSession
+    from .base import SessionBase
+    from .fetch import IncomingFetch
+    from .namespace import IncomingPublishNamespace, IncomingSubscribeNamespace
+    from .publish import IncomingPublish
+    from .subscribe import IncomingSubscribe
+    from .track_status import IncomingTrackStatus
 
 _NS = RequestErrorCode.NOT_SUPPORTED
 
@@ -50,8 +47,8 @@ class SessionHandler:
     def answered(self, req: object, code: int | None) -> None:
         """A request of the peer was answered: accepted (``code`` None) or rejected."""
 
-    def goaway(self, session: MoqtSession, msg: GoAway) -> None:
+    def goaway(self, session: SessionBase, msg: GoAway) -> None:
         """The peer sent GOAWAY on the control stream (§4.3)."""
 
-    def session_closed(self, session: MoqtSession, code: int, reason: str) -> None:
+    def session_closed(self, session: SessionBase, code: int, reason: str) -> None:
         """The session ended (called once)."""

@@ -4,36 +4,30 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from typing import TYPE_CHECKING
 
 from relay.moqt.codes import StreamResetCode
-from relay.moqt.control import ControlStreamParser, InvalidRequest, encode_message
 from relay.moqt.messages.base import Message
+from relay.moqt.state import Refuse, RequestState
 from relay.transport import RecvStream, SendStream, StreamReset, TransportError
-
-if TYPE_CHECKING:
-    from .session import MoqtSession
-
-Incoming = Message | InvalidRequest
 
 
 class RequestStream:
-    """Messages in and out of one request stream.
+    """Messages in and out of one request stream, each through its ``RequestState``.
 
-    ``recv`` returns the next message, ``None`` at FIN, and raises ``StreamReset`` when the
-    peer reset its direction. Codec errors (``SessionError``) propagate: the caller's task
-    guard closes the session with their code.
+    ``recv`` returns the next message the state accepted, ``None`` at FIN, and raises
+    ``StreamReset`` when the peer reset its direction. What the state refuses (a request or a
+    REQUEST_UPDATE, answered with REQUEST_ERROR) is answered here, in order, and never
+    returned; a refused request then reads as ``None``. A broken rule (``SessionError``)
+    propagates: the caller's task guard closes the session with its code.
     """
 
-    __slots__ = ("_parser", "_pending", "_recv_done", "_send_done", "recv_stream", "send_stream",
-                 "session")
+    __slots__ = ("_pending", "_recv_done", "_send_done", "recv_stream", "send_stream", "state")
 
-    def __init__(self, session: MoqtSession, send: SendStream, recv: RecvStream) -> None:
-        self.session = session
+    def __init__(self, state: RequestState, send: SendStream, recv: RecvStream) -> None:
+        self.state = state
         self.send_stream = send
         self.recv_stream = recv
-        self._parser = ControlStreamParser()
-        self._pending: deque[Incoming] = deque()
+        self._pending: deque[Message | Refuse] = deque()
         self._send_done = False
         self._recv_done = False
 
@@ -49,7 +43,10 @@ class RequestStream:
     async def send(self, msg: Message, *, fin: bool = False) -> None:
         if self._send_done:
             return
-        await self.send_stream.write(encode_message(msg), end_stream=fin)
+        data = self.state.send(msg)
+        if fin:
+            self.state.send_ended()
+        await self.send_stream.write(data, end_stream=fin)
         if fin:
             self._send_done = True
 
@@ -58,20 +55,28 @@ class RequestStream:
         if self._send_done:
             return
         self._send_done = True
+        self.state.send_ended()
         with contextlib.suppress(TransportError):
             await self.send_stream.finish()
 
-    async def recv(self) -> Incoming | None:
-        while not self._pending:
-            if self._recv_done:
+    async def recv(self) -> Message | None:
+        while True:
+            while not self._pending:
+                if self._recv_done:
+                    return None
+                chunk = await self.recv_stream.read()
+                if not chunk:
+                    self._recv_done = True
+                self._pending.extend(self.state.receive(chunk, not chunk))
+            item = self._pending.popleft()
+            if not isinstance(item, Refuse):
+                return item
+            with contextlib.suppress(TransportError):
+                await self.send(item.reply, fin=item.final)
+            if item.final:  # the request is over before it began
+                self._pending.clear()
+                await self.release()
                 return None
-            chunk = await self.recv_stream.read()
-            if not chunk:
-                self._recv_done = True
-                self._pending.extend(self._parser.end_of_stream())
-                continue
-            self._pending.extend(self._parser.feed(chunk))
-        return self._pending.popleft()
 
     async def release(self) -> None:
         """The request is over (REQUEST_ERROR, TRACK_STATUS_OK): stop reading so the
@@ -90,10 +95,11 @@ class RequestStream:
         """Abort both directions (RESET_STREAM + STOP_SENDING), §5.1."""
         if not self._send_done:
             self._send_done = True
+            self.state.send_ended()
             self.send_stream.reset(code)
         if not self._recv_done:
             self._recv_done = True
             self.recv_stream.stop_sending(code)
 
 
-__all__ = ["Incoming", "RequestStream", "StreamReset"]
+__all__ = ["RequestStream", "StreamReset"]

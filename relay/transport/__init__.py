@@ -8,7 +8,9 @@ Public API::
     send = await conn.open_uni();  send, recv = await conn.open_bi()
     incoming = await conn.accept()          # IncomingStream(recv, send|None)
     await send.write(data); await send.finish(); send.reset(code)
-    data = await recv.read()                # b"" == FIN; raises StreamReset(code)
+    data = await recv.read()                # one chunk as received; b"" == FIN;
+                                            # raises StreamReset(code)
+    chunks = await recv.read_chunks()       # every chunk queued, none joined; [] == FIN
     conn.close(code, reason); code, reason = await conn.wait_closed()
 
 Operational behaviour (details in the module docstrings):

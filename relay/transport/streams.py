@@ -210,15 +210,44 @@ class RecvStream:
         return self._fin and not self._buf
 
     async def read(self) -> bytes:
-        """Return the next available bytes; ``b""`` means FIN (end of stream).
+        """Return the next chunk as received (no copy); ``b""`` means FIN (end of stream).
 
         Raises :class:`StreamReset` if the peer reset the stream,
         :class:`ConnectionClosed` if the session ended before FIN.
         """
+        buf = self._buf
+        if not buf:
+            await self._wait_data()
+            if not buf:
+                return b""
+        data = buf.popleft()
+        n = len(data)
+        self._buffered -= n
+        self._conn._consumed(self.stream_id, n)
+        return data
+
+    async def read_chunks(self) -> tuple[bytes, ...]:
+        """Return every chunk received and not read yet, as received (none joined, one wait
+        for many: a parser takes them as they are); empty means FIN. Raises as :meth:`read`
+        does."""
+        buf = self._buf
+        if not buf:
+            await self._wait_data()
+            if not buf:
+                return ()
+        chunks = (buf.popleft(),) if len(buf) == 1 else tuple(buf)
+        buf.clear()
+        n = self._buffered
+        self._buffered = 0
+        self._conn._consumed(self.stream_id, n)
+        return chunks
+
+    async def _wait_data(self) -> None:
+        """Until a chunk is buffered or the stream is over (FIN read: returns, buffer empty)."""
         while not self._buf:
             if self._fin:
                 self._conn._recv_done(self)
-                return b""
+                return
             if self._error is not None:
                 raise self._error
             if self._waiter is not None:
@@ -228,13 +257,6 @@ class RecvStream:
                 await self._waiter
             finally:
                 self._waiter = None
-        buf = self._buf
-        data = buf.popleft() if len(buf) == 1 else b"".join(buf)
-        buf.clear()
-        n = len(data)
-        self._buffered = 0
-        self._conn._consumed(self.stream_id, n)
-        return data
 
     async def read_all(self, limit: int | None = None) -> bytes:
         """Read until FIN and return everything (raise TransportError past ``limit``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 from moqt_strategies import fetch_streams, raw_properties, subgroup_streams, u8, u64
 
 from relay.moqt import (
+    PADDING_DATAGRAM_TYPE,
     EndOfRange,
     EndOfRangeType,
     FetchHeader,
@@ -28,8 +30,8 @@ from relay.moqt import (
     UniStreamType,
     decode_datagram,
     encode_datagram,
-    encode_padding_datagram,
     encode_subgroup_object_header,
+    encode_vi64,
 )
 from relay.moqt.dataplane import PADDING_STREAM_HEADER
 
@@ -49,6 +51,12 @@ def feed_chunks(parser: Any, raw: bytes, cuts: list[int]) -> list[Any]:
         prev = c
     out += parser.end_of_stream()
     return out
+
+
+def split(raw: bytes, cuts: list[int]) -> list[bytes]:
+    """``raw`` as a transport would hand it over: chunks, some possibly empty."""
+    bounds = [0, *cuts, len(raw)]
+    return [raw[a:b] for a, b in pairwise(bounds)]
 
 
 def build_subgroup(hdr_kw: dict[str, Any], objs: list[Any]) -> tuple[bytes, list[Any]]:
@@ -91,6 +99,12 @@ def test_subgroup_streams_round_trip_any_chunking(stream: Any, data: st.DataObje
     parser = UniStreamParser()
     assert feed_chunks(parser, raw, cuts) == expected
     assert parser.kind == UniStreamType.SUBGROUP
+    # as the session reads a data stream: a batch of chunks at a time, payloads spanning
+    # many chunks taken whole
+    batched = SubgroupStreamParser()
+    chunks = split(raw, cuts)
+    out = batched.feed_chunks(chunks[:2]) + batched.feed_chunks(chunks[2:])
+    assert out + batched.end_of_stream() == expected
     sub = parser.parser.subgroup_id  # type: ignore[union-attr]
     hdr = expected[0]
     if hdr.subgroup_id_mode == SubgroupIdMode.FIRST_OBJECT_ID:
@@ -124,6 +138,8 @@ def test_fetch_streams_round_trip_both_orders(stream: Any, data: st.DataObject) 
     raw, expected = build_fetch(rid, order, elems)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=6)))
     assert feed_chunks(FetchStreamParser(order), raw, cuts) == expected
+    batched = FetchStreamParser(order)
+    assert batched.feed_chunks(split(raw, cuts)) + batched.end_of_stream() == expected
     # Group Order learned late (fill stream before SUBSCRIBE_OK): bytes are held, then parsed.
     late = UniStreamParser()
     out = []
@@ -243,7 +259,7 @@ def test_datagrams_round_trip(d: ObjectDatagram) -> None:
 
 
 def test_padding_datagram_and_stream_are_discarded() -> None:
-    assert decode_datagram(encode_padding_datagram(100)) is None
+    assert decode_datagram(encode_vi64(PADDING_DATAGRAM_TYPE) + bytes(95)) is None
     parser = UniStreamParser()
     assert parser.feed(PADDING_STREAM_HEADER[:2]) == []
     assert parser.feed(PADDING_STREAM_HEADER[2:] + bytes(50)) == []
@@ -259,3 +275,23 @@ def test_control_stream_dispatch() -> None:
     assert parser.feed(raw[:1]) == []
     assert parser.feed(raw[1:]) == [Setup(max_filter_ranges=8)]
     assert parser.kind == UniStreamType.CONTROL
+
+
+@pytest.mark.parametrize("tail", [[40, 50], [40, 49], [40, 51], [90], [30, 30, 30, 7]])
+def test_feed_chunks_at_and_around_a_payload_end(tail: list[int]) -> None:
+    """A batch of chunks ending exactly at, just before or just after the end of the payload
+    being collected (the cases where feed_chunks keeps or joins the batch)."""
+    enc = SubgroupStreamEncoder(SubgroupHeader(1, 0, 0, 0, first_object=True))
+    payloads = [bytes([i]) * 100 for i in range(3)]
+    heads = [enc.header_bytes()] + [enc.object_header(i, 100) for i in range(3)]
+    raw = heads[0] + b"".join(h + p for h, p in zip(heads[1:], payloads, strict=True))
+    first = len(heads[0]) + len(heads[1]) + 10  # inside Object 0's payload
+    cuts = [first]
+    for n in tail:
+        cuts.append(cuts[-1] + n)
+    chunks = split(raw, cuts)
+    parser = SubgroupStreamParser()
+    out = parser.feed(chunks[0])
+    out += parser.feed_chunks(chunks[1:len(tail) + 1])
+    out += parser.feed_chunks(chunks[len(tail) + 1:]) + parser.end_of_stream()
+    assert [bytes(o.payload) for o in out[1:]] == payloads

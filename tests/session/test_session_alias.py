@@ -2,7 +2,8 @@
 that names two different live Tracks with one Track Alias is closed with
 DUPLICATE_TRACK_ALIAS; the same Track under its alias again, or an alias freed by the end
 of its subscription, is fine; a data stream that overtakes the SUBSCRIBE_OK naming its alias
-is delivered as soon as that SUBSCRIBE_OK arrives."""
+is delivered as soon as that SUBSCRIBE_OK arrives, and so is a fill stream that overtakes the
+SUBSCRIBE_OK giving its Group Order (§9.4)."""
 
 from __future__ import annotations
 
@@ -14,18 +15,23 @@ from pathlib import Path
 import pytest
 from session_helpers import TIMEOUT, served_by
 
-from relay.moqt.codes import SessionErrorCode
+from relay.moqt.codes import GroupOrder, SessionErrorCode
+from relay.moqt.dataplane.fetch import FetchStreamEncoder
 from relay.moqt.dataplane.objects import SubgroupHeader
 from relay.moqt.dataplane.subgroup import SubgroupStreamEncoder
+from relay.moqt.location_filter import LocationFilter
+from relay.moqt.params import Params
 from relay.moqt.primitives import Location
 from relay.session import (
     IncomingSubscribe,
     MoqtSession,
     ReceivedObject,
     ServedSubscription,
+    SessionClosed,
     SessionConfig,
-    SessionFailure,
     SessionHandler,
+    Source,
+    StreamEnded,
     SubscriptionDone,
 )
 from relay.transport import ensure_self_signed
@@ -59,8 +65,9 @@ async def test_one_alias_for_two_live_tracks_closes_the_session(pair) -> None:  
     # the same Track again under its alias: no conflict
     again = await asyncio.wait_for(client.subscribe(NS, b"x"), TIMEOUT)
     assert again.track_alias == ALIAS and not client.closed
-    with pytest.raises(SessionFailure):
+    with pytest.raises(SessionClosed) as e:
         await asyncio.wait_for(client.subscribe(NS, b"y"), TIMEOUT)
+    assert e.value.meaning == SessionErrorCode.DUPLICATE_TRACK_ALIAS
     code, _ = await asyncio.wait_for(client.wait_closed(), TIMEOUT)
     assert code == SessionErrorCode.DUPLICATE_TRACK_ALIAS
 
@@ -107,3 +114,44 @@ async def test_a_stream_ahead_of_its_subscribe_ok_is_delivered_when_it_arrives(
         ev = await asyncio.wait_for(anext(aiter(sub)), TIMEOUT)
         assert isinstance(ev, ReceivedObject)
         assert ev.location == Location(0, 0) and bytes(ev.payload) == b"early"
+
+
+class EarlyFillPublisher(SessionHandler):
+    """Sends a SUBSCRIBE's whole fill stream before the SUBSCRIBE_OK that gives its Group
+    Order."""
+
+    def __init__(self) -> None:
+        self.subscriber: MoqtSession | None = None
+
+    async def subscribe(self, req: IncomingSubscribe) -> None:
+        enc = FetchStreamEncoder(req.request_id, GroupOrder.ASCENDING)
+        fill = enc.header_bytes() + b"".join(
+            enc.object_header(0, 0, i, 5, 4) + b"obj%d" % i for i in range(3))
+        stream = await req.session.conn.open_uni()
+        await stream.write(fill, True)
+        # SUBSCRIBE_OK only once the subscriber holds the fill stream
+        assert self.subscriber is not None
+        async with asyncio.timeout(TIMEOUT):
+            while not any(getattr(r, "_open_streams", 0)
+                          for r in self.subscriber.routes.values()):
+                await asyncio.sleep(0)
+        await req.accept(None, track_alias=ALIAS)
+
+
+async def test_a_fill_stream_ahead_of_its_subscribe_ok_is_delivered_whole(
+        tmp_path: Path) -> None:
+    publisher = EarlyFillPublisher()
+    async with served_by(publisher, ensure_self_signed(tmp_path).certfile.parent) as client:
+        publisher.subscriber = client
+        sub = await asyncio.wait_for(client.subscribe(NS, b"x", Params(
+            location_filter=LocationFilter.next_object(),
+            fill=Params(location_filter=LocationFilter.absolute_start(0, 0)))), TIMEOUT)
+        events = []
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in sub:
+                events.append(ev)
+                if isinstance(ev, StreamEnded):
+                    break
+        objects = [(e.location, bytes(e.payload)) for e in events[:-1]]
+        assert objects == [(Location(0, i), b"obj%d" % i) for i in range(3)]
+        assert events[-1].fin and events[-1].stream.source == Source.FILL

@@ -144,3 +144,19 @@ async def test_datagram_objects_reach_the_subscription(pair) -> None:  # type: i
     assert ev.stream.source == Source.DATAGRAM
     assert (ev.group, ev.object_id, ev.priority, bytes(ev.payload)) == (7, 3, 9,
                                                                       b"datagram payload")
+
+
+async def test_request_updates_wait_for_room_under_the_peers_limit(certs: Path) -> None:
+    """The publisher accepts one unanswered REQUEST_UPDATE per request (MAX_REQUEST_UPDATES
+    1): concurrent updates of one subscription go out one at a time, none is refused and the
+    session stays up (a fifth unanswered one would close it, test_session_malformed.py)."""
+    publisher = TrackPublisher(TRACK)
+    async with served_by(publisher, certs,
+                         config=SessionConfig(max_request_updates=1)) as client:
+        assert client.state.peer_max_request_updates == 1
+        sub = await asyncio.wait_for(client.subscribe(NS, TRACK.name, Params(
+            location_filter=LocationFilter.next_object())), TIMEOUT)
+        oks = await asyncio.wait_for(asyncio.gather(
+            *(sub.update(Params(subscriber_priority=i)) for i in range(5))), TIMEOUT)
+        assert len(oks) == 5 and not client.closed
+        assert publisher.live[-1].subscriber_priority == 4  # applied in order

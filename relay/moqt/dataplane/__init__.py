@@ -1,6 +1,6 @@
 """Data plane (§11): subgroup streams, fetch / fill streams, datagrams, stream dispatch."""
 
-from .datagram import decode_datagram, encode_datagram, encode_padding_datagram
+from .datagram import decode_datagram, encode_datagram
 from .fetch import FETCH_HEADER_TYPE, FetchStreamEncoder, FetchStreamParser, encode_fetch_header
 from .objects import (
     EndOfRange,
@@ -41,7 +41,6 @@ __all__ = [
     "decode_subgroup_type_flags",
     "encode_datagram",
     "encode_fetch_header",
-    "encode_padding_datagram",
     "encode_subgroup_header",
     "encode_subgroup_object_header",
     "is_subgroup_type",

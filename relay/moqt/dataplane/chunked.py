@@ -11,6 +11,7 @@ Subclasses implement ``_step(buf, pos) -> (item, header_end, payload_len)``: it 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import protocol_violation
@@ -68,6 +69,23 @@ class ChunkedParser:
         if end_stream:
             self._end(out)
         return out
+
+    def feed_chunks(self, chunks: Sequence[bytes]) -> list[Any]:
+        """``feed`` of ``chunks``, the chunks of one read in order, as a transport hands
+        them over. A read lying wholly inside the payload being collected is kept as it came
+        (the payload is joined once, when complete: the bulk of a large Object is copied once,
+        not twice). A read holding an item boundary is joined and parsed in place, its items
+        viewing that buffer: in CPython one join costs less than parsing chunk by chunk."""
+        if len(chunks) == 1:
+            return self.feed(chunks[0])
+        need = self._need
+        if need:  # mid-payload (never while ended or held)
+            total = sum(map(len, chunks))
+            if total < need:
+                self._parts.extend(chunks)
+                self._need = need - total
+                return []
+        return self.feed(b"".join(chunks))
 
     def end_of_stream(self) -> list[Any]:
         """FIN: raises PROTOCOL_VIOLATION if it falls inside a header or an Object."""

@@ -9,7 +9,7 @@ from ..kvp import kvps_from_bytes
 from ..vi64 import decode_vi64, encode_vi64
 from .objects import ObjectDatagram
 
-__all__ = ["decode_datagram", "encode_datagram", "encode_padding_datagram"]
+__all__ = ["decode_datagram", "encode_datagram"]
 
 _F = DatagramFlag
 _DEFINED = int(
@@ -47,12 +47,6 @@ def encode_datagram(d: ObjectDatagram) -> bytes:
     else:
         out.append(bytes(d.payload))
     return b"".join(out)
-
-
-def encode_padding_datagram(size: int) -> bytes:
-    """A padding datagram of ``size`` bytes (at least the 5-byte type)."""
-    head = encode_vi64(PADDING_DATAGRAM_TYPE)
-    return head + bytes(max(0, size - len(head)))
 
 
 def decode_datagram(data: bytes | memoryview) -> ObjectDatagram | None:

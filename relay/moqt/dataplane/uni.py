@@ -50,6 +50,11 @@ class UniStreamParser:
         self._head = b""
         self._fetch_order = fetch_group_order
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held while the stream type is still incomplete."""
+        return len(self._head)
+
     def feed(self, data: bytes | memoryview = b"", end_stream: bool = False) -> list[Any]:
         if self.parser is None:
             if self.kind == UniStreamType.PADDING:

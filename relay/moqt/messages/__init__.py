@@ -6,7 +6,6 @@ from .namespace import (
     Namespace,
     NamespaceDone,
     PublishNamespace,
-    PublishSkipped,
     SubscribeNamespace,
     SubscribeTracks,
 )
@@ -41,7 +40,6 @@ __all__ = [
     "Publish",
     "PublishDone",
     "PublishNamespace",
-    "PublishSkipped",
     "PublishStateNotify",
     "Redirect",
     "RequestErrorMessage",

@@ -1,6 +1,7 @@
 """Namespace messages (§7.12, §7.13, §7.15): PUBLISH_NAMESPACE (0x06), SUBSCRIBE_NAMESPACE (0x50),
-NAMESPACE (0x08), NAMESPACE_DONE (0x0E), and the tolerated SUBSCRIBE_TRACKS (0x51) and
-PUBLISH_SKIPPED (0x0F)."""
+NAMESPACE (0x08), NAMESPACE_DONE (0x0E), and the tolerated SUBSCRIBE_TRACKS (0x51).
+PUBLISH_SKIPPED (0x0F) answers only a SUBSCRIBE_TRACKS, which this project never sends, so
+it is not decoded (an unknown type: PROTOCOL_VIOLATION, as it would be anywhere else)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ from ..params import Params, ParamScope, decode_params, encode_params
 from ..primitives import TrackNamespace, decode_track_namespace, encode_track_namespace
 from ..reader import Reader
 from ..vi64 import encode_vi64
-from .base import Message, RequestMessage, decode_track, encode_track
+from .base import Message, RequestMessage
 
 __all__ = [
     "Namespace",
     "NamespaceDone",
     "PublishNamespace",
-    "PublishSkipped",
     "SubscribeNamespace",
     "SubscribeTracks",
 ]
@@ -108,22 +108,3 @@ class NamespaceDone(_Suffix):
     TYPE: ClassVar[MessageType] = MessageType.NAMESPACE_DONE
 
     suffix: TrackNamespace
-
-
-@dataclass(frozen=True)
-class PublishSkipped(Message):
-    """Tolerated only (on a SUBSCRIBE_TRACKS stream): Track Namespace Suffix, Track Name."""
-
-    TYPE: ClassVar[MessageType] = MessageType.PUBLISH_SKIPPED
-
-    suffix: TrackNamespace
-    track_name: bytes
-
-    def encode_body(self) -> bytes:
-        return encode_track(self.suffix, self.track_name)
-
-    @classmethod
-    def decode_body(cls, r: Reader) -> Self:
-        ns, name = decode_track(r)
-        r.expect_end("PUBLISH_SKIPPED")
-        return cls(ns, name)

@@ -1,0 +1,137 @@
+"""FETCH, both sides (§7.9, §7.10, §10, §11.6): ``FetchResponse`` is a FETCH we sent
+(``start_fetch``), ``IncomingFetch`` one the peer sent."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from relay.moqt.codes import GroupOrder, MessageType, StreamResetCode
+from relay.moqt.dataplane.fetch import FetchStreamParser
+from relay.moqt.kvp import Properties
+from relay.moqt.messages import Fetch, FetchOk, RequestOk, RequestUpdate
+from relay.moqt.params import Params
+from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
+from relay.transport import StreamReset
+
+from .errors import SessionClosed, StreamAborted
+from .event_queue import END, EventQueue, EventSource
+from .events import FetchEvent, Source, StreamInfo
+from .request_stream import RequestStream
+from .requests import IncomingTrackRequest, send_routed
+from .writers import FetchWriter, _StreamWriter
+
+if TYPE_CHECKING:
+    from .base import SessionBase
+
+
+class FetchResponse(EventSource[FetchEvent]):
+    """The requester side of a FETCH: FETCH_OK's fields, then the fetch stream's Objects."""
+
+    def __init__(self, session: SessionBase, rs: RequestStream, request_id: int,
+                 namespace: TrackNamespace, name: bytes, params: Params) -> None:
+        self.session = session
+        self.rs = rs
+        self.request_id = request_id
+        self.full_name = FullTrackName(namespace, name)
+        self.params = params
+        self.group_order = params.group_order or GroupOrder.ASCENDING
+        self.end_of_track = False
+        self.end_location: Location | None = None
+        self.track_properties: Properties = ()
+        self._events = EventQueue(session.config.receive_queue)
+        self.ended = False
+
+    def stream_opened(self) -> None:
+        pass
+
+    def stream_closed(self) -> None:
+        pass
+
+    async def fetch_stream_started(self, parser: FetchStreamParser
+                                   ) -> tuple[Source, list[Any]] | None:
+        return Source.FETCH, parser.set_group_order(self.group_order)
+
+    async def fetch_stream_ended(self, info: StreamInfo, fin: bool, reset_code: int | None
+                                 ) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.session.unbind_request(self.request_id)
+        self._events.put_nowait_end(END if fin else StreamAborted(reset_code or 0))
+        self.session.spawn(self._close_request(), "fetch-fin")
+
+    async def _close_request(self) -> None:
+        """The response is complete: FIN the request stream and forget it (§7.10)."""
+        await self.rs.finish()
+        await self.rs.release()
+
+    def session_closed(self, code: int, reason: str) -> None:
+        if not self.ended:
+            self.ended = True
+            self._events.put_nowait_end(SessionClosed(code, reason))
+
+    def cancel(self, code: int = StreamResetCode.CANCELLED) -> None:
+        """STOP_SENDING the request stream (§10 item 9); late data is dropped."""
+        self.rs.cancel(code)
+        if not self.ended:
+            self.ended = True
+            self._events.put_nowait_end(discard=True)
+        self.session.unbind_request(self.request_id)
+
+    async def collect(self) -> list[FetchEvent]:
+        return [e async for e in self]
+
+
+async def start_fetch(session: SessionBase, namespace: TrackNamespace, name: bytes,
+                      params: Params) -> FetchResponse:
+    rs = await session.open_request()
+    rid = session.next_request_id()
+    resp = FetchResponse(session, rs, rid, namespace, name, params)
+    # data may come before FETCH_OK (§10 item 4)
+    reply: FetchOk = await send_routed(session, rs, Fetch(rid, namespace, name, params), resp)
+    resp.end_of_track = reply.end_of_track
+    resp.end_location = reply.end_location
+    resp.track_properties = reply.track_properties
+    return resp
+
+
+class IncomingFetch(IncomingTrackRequest):
+    TYPE = MessageType.FETCH
+    msg: Fetch
+
+    def __init__(self, session: SessionBase, rs: RequestStream, msg: Fetch) -> None:
+        super().__init__(session, rs, msg)
+        self.cancelled = asyncio.Event()
+        self.writer: FetchWriter | None = None
+
+    @property
+    def group_order(self) -> GroupOrder:
+        return self.params.group_order or GroupOrder.ASCENDING
+
+    async def accept(self, end_of_track: bool, end_location: Location,
+                     properties: Properties = ()) -> FetchWriter:
+        """FETCH_OK, then the fetch stream with its FETCH_HEADER (§10). Write the Objects to
+        the returned writer and ``finish()`` it; the request stream is FINed after that."""
+        self._answer()
+        await self.rs.send(FetchOk(end_of_track, end_location, Params(), properties))
+        stream = await self.session.conn.open_uni()
+        w = FetchWriter(stream, self.request_id, self.group_order, self._writer_closed)
+        self.writer = w
+        await stream.write(w.header_bytes())
+        self.session.spawn(self._watch(), "served-fetch")
+        return w
+
+    def _writer_closed(self, w: _StreamWriter) -> None:
+        # §5.2: the responder FINs the request stream once the fetch stream is finished.
+        self.session.spawn(self.rs.finish(), "fetch-request-fin")
+
+    async def _watch(self) -> None:
+        try:
+            while (msg := await self.rs.recv()) is not None:
+                if isinstance(msg, RequestUpdate):
+                    await self.rs.send(RequestOk(Params()))
+        except StreamReset:
+            self.cancelled.set()
+            if self.writer is not None:
+                self.writer.reset(StreamResetCode.CANCELLED)

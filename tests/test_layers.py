@@ -1,0 +1,93 @@
+"""Import rules between the layers: the MOQT codec and the session's rules state are sans-IO
+(the standard library only, no asyncio, no sockets), and ``relay/session`` has no import
+cycle. (Only the transport imports a QUIC library: tests/transport/test_transport_backend.py;
+the relay never imports the KVCS library: tests/core/test_relay_robustness.py.)"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+IO_MODULES = {"asyncio", "socket", "selectors", "ssl", "threading", "time"}
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Absolute names of every module ``path`` (module ``module``) imports, also under
+    TYPE_CHECKING."""
+    parts = module.split(".")
+    package = parts if path.name == "__init__.py" else parts[:-1]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                assert node.module is not None
+                out.add(node.module)
+                continue
+            base = package[: len(package) - (node.level - 1)]
+            if node.module:
+                out.add(".".join([*base, node.module]))
+            else:  # from . import name: a submodule (or a name in the package)
+                out.update(".".join([*base, a.name]) for a in node.names)
+    return out
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def test_the_codec_and_the_session_state_are_sans_io() -> None:
+    offenders = []
+    for path in sorted((ROOT / "relay" / "moqt").rglob("*.py")):
+        for name in _imports(path, _module(path)):
+            top = name.split(".")[0]
+            if top == "__future__" or name.startswith("relay.moqt"):
+                continue
+            if top not in sys.stdlib_module_names or top in IO_MODULES:
+                offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    assert offenders == []
+    # and importing the state loads no I/O module at all
+    code = ("import sys; before = set(sys.modules); import relay.moqt.state; "
+            "new = set(sys.modules) - before; "
+            f"bad = sorted(m for m in new if m.split('.')[0] in {sorted(IO_MODULES)!r} "
+            "or m.startswith(('relay.session', 'relay.transport'))); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_session_modules_import_no_cycle() -> None:
+    folder = ROOT / "relay" / "session"
+    graph: dict[str, set[str]] = {}
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "__init__.py":
+            continue  # the package's face: it imports every module, none imports it
+        name = _module(path)
+        graph[name] = {m for m in _imports(path, name) if m.startswith("relay.session.")}
+    assert len(graph) > 5
+    # depth-first search for a back edge
+    state = dict.fromkeys(graph, 0)  # 0 new, 1 on the path, 2 done
+    path: list[str] = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        path.append(n)
+        for m in sorted(graph.get(n, ())):
+            assert state.get(m, 2) != 1, " -> ".join([*path[path.index(m):], m])
+            if state.get(m) == 0:
+                visit(m)
+        path.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if state[n] == 0:
+            visit(n)

@@ -59,9 +59,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvcs.relay")
 
-# The Location filters that name their start (FETCH bounds come from them alone)
-_ABSOLUTE = (LocationFilterType.ABSOLUTE_START, LocationFilterType.ABSOLUTE_START_GROUP_END,
-             LocationFilterType.ABSOLUTE_RANGE)
 
 
 def _tokens(session: MoqtSession | None, params: Params) -> list[bytes]:
@@ -461,7 +458,7 @@ class RelayHandler(SessionHandler):
     @staticmethod
     def _requested_bounds(lf: LocationFilter | None) -> tuple[Location, Location]:
         big = OBJECT_MAX
-        if lf is None or lf.type not in _ABSOLUTE:
+        if lf is None or not lf.is_absolute:
             return Location(0, 0), Location(big, big)
         start = Location(lf.start_group, lf.start_object)
         if lf.type == LocationFilterType.ABSOLUTE_RANGE:

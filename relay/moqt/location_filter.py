@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 _T = LocationFilterType
+_ABSOLUTE = frozenset({_T.ABSOLUTE_START, _T.ABSOLUTE_START_GROUP_END, _T.ABSOLUTE_RANGE})
 
 
 def _nfields(t: LocationFilterType) -> int:
@@ -63,6 +64,11 @@ class LocationFilter:
     @classmethod
     def absolute_range(cls, start: Location, end: Location) -> LocationFilter:
         return cls(_T.ABSOLUTE_RANGE, start[0], start[1], end[0] - start[0], end[1])
+
+    @property
+    def is_absolute(self) -> bool:
+        """The filter names its start itself (it does not depend on the Largest Object)."""
+        return self.type in _ABSOLUTE
 
     @property
     def end_group(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from relay.moqt.codes import ObjectStatus, StreamResetCode
+from relay.moqt.codes import ObjectStatus, PropertyType, StreamResetCode
 from relay.moqt.dataplane.datagram import decode_datagram
 from relay.moqt.dataplane.fetch import FetchStreamParser
 from relay.moqt.dataplane.objects import EndOfRange, FetchObject, SubgroupHeader
@@ -67,7 +67,7 @@ async def read_subgroup_stream(session: SessionBase, recv: RecvStream,
 
 def _default_priority(props: Properties) -> int:
     for p in props:
-        if p.type == 0x0E and isinstance(p.value, int):
+        if p.type == PropertyType.DEFAULT_PUBLISHER_PRIORITY and isinstance(p.value, int):
             return p.value
     return 128
 

@@ -13,7 +13,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from relay.moqt.codes import GroupOrder, MessageType, PublishDoneCode, StreamResetCode
+from relay.moqt.codes import (
+    GroupOrder,
+    MessageType,
+    PropertyType,
+    PublishDoneCode,
+    StreamResetCode,
+)
 from relay.moqt.dataplane.datagram import encode_datagram
 from relay.moqt.dataplane.fetch import FetchStreamParser
 from relay.moqt.dataplane.objects import ObjectDatagram, SubgroupHeader
@@ -126,7 +132,8 @@ class Subscription(EventSource[SubscriptionEvent]):
         self.track_properties = properties
         for p in properties:
             # DEFAULT_PUBLISHER_GROUP_ORDER applies unless the subscriber chose an order.
-            if p.type == 0x22 and p.value in (1, 2) and self.params.group_order is None:
+            if (p.type == PropertyType.DEFAULT_PUBLISHER_GROUP_ORDER and p.value in (1, 2)
+                    and self.params.group_order is None):
                 self.group_order = GroupOrder(p.value)
         self.session.alias_bound(alias)  # the state bound it when the reply arrived
         self.established.set()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..codes import LocationFilterType, MessageType, RequestErrorCode, SessionErrorCode
+from ..codes import MessageType, RequestErrorCode, SessionErrorCode
 from ..control import ControlStreamParser, InvalidRequest, encode_message
 from ..errors import RequestError, SessionError, protocol_violation
 from ..messages import (
@@ -80,9 +80,6 @@ _FROM_REQUESTER = {
     M.SUBSCRIBE_TRACKS: frozenset({M.REQUEST_UPDATE, M.GOAWAY}),
 }
 _NAMESPACE_REQUESTS = frozenset({M.PUBLISH_NAMESPACE, M.SUBSCRIBE_NAMESPACE, M.SUBSCRIBE_TRACKS})
-_ABSOLUTE = frozenset({LocationFilterType.ABSOLUTE_START,
-                       LocationFilterType.ABSOLUTE_START_GROUP_END,
-                       LocationFilterType.ABSOLUTE_RANGE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +312,6 @@ def _fetch_start(request: RequestMessage) -> Location | None:
     if not isinstance(request, Fetch):
         return None
     lf = request.params.location_filter
-    if lf is not None and lf.type in _ABSOLUTE:
+    if lf is not None and lf.is_absolute:
         return Location(lf.start_group, lf.start_object)
     return None

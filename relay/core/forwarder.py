@@ -202,6 +202,14 @@ class Forwarder:
         self._done_reason = reason
         self._maybe_done()
 
+    def end_subscription(self, status: int, reason: str = "") -> None:
+        """End the subscription now, whatever is queued (a failed REQUEST_UPDATE, §7.5): its
+        streams are reset and PUBLISH_DONE follows."""
+        if self.closed:
+            return
+        self.close()
+        self._spawn(self._send_done(status, reason), "publish-done")
+
     # -- emitted by the scheduler -----------------------------------------------------------------
 
     async def _emit(self, item: tuple[int, StoredObject | None, Any]) -> None:

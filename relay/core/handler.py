@@ -14,6 +14,7 @@ from relay.moqt.codes import (
     LocationFilterType,
     ObjectStatus,
     PropertyType,
+    PublishDoneCode,
     RequestErrorCode,
 )
 from relay.moqt.errors import RequestError
@@ -237,6 +238,8 @@ class RelayHandler(SessionHandler):
             raise
         fwd.attach(served)
         served.on_update = lambda msg: self._on_update(track, served, fwd, msg)
+        served.on_update_failed = lambda e: fwd.end_subscription(PublishDoneCode.UPDATE_FAILED,
+                                                                  e.reason)
         fwd.counters = relay.counters
         relay.counters.inc("subscriptions")
         if fill_wanted:

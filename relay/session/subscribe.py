@@ -283,6 +283,9 @@ class ServedSubscription:
         self.cancelled = asyncio.Event()
         self.cancel_code: int | None = None
         self.on_update: UpdateHook | None = None
+        # called after the REQUEST_ERROR of a failed REQUEST_UPDATE: the publisher then ends
+        # the subscription with PUBLISH_DONE UPDATE_FAILED (§7.5)
+        self.on_update_failed: Callable[[RequestRejected], None] | None = None
         self.stream_count = 0
         self._writers: set[_StreamWriter] = set()
         self._all_closed = asyncio.Event()
@@ -390,6 +393,8 @@ class ServedSubscription:
                 reply_params = await self.on_update(msg)
             except RequestRejected as e:
                 await self.rs.send(RequestErrorMessage(e.code, 0, e.reason))
+                if self.on_update_failed is not None:
+                    self.on_update_failed(e)
                 return
         await self.rs.send(RequestOk(reply_params or Params()))
 

@@ -22,7 +22,7 @@ from relay_helpers import (
     wait_cached,
 )
 
-from relay.moqt.codes import ObjectStatus, ParameterType, RequestErrorCode
+from relay.moqt.codes import ObjectStatus, ParameterType, PublishDoneCode, RequestErrorCode
 from relay.moqt.kvp import encode_kvps
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
@@ -145,12 +145,6 @@ async def test_request_update_replaces_and_removes_filters(tmp_path: Path) -> No
             range_filters=(_f(P.SUBGROUP_FILTER, 0, (5, 5)),))), TIMEOUT)
         await _group(t, 0)
         await wait_cached(r, name, Location(0, OBJECTS))
-        # too many Ranges after the update: refused, the filters stay as they were
-        with pytest.raises(RequestRejected) as refused:
-            await asyncio.wait_for(sub.update(Params(range_filters=(
-                RangeFilter(P.OBJECTID_FILTER, 0, tuple(Range(2 * i, 2 * i)
-                                                        for i in range(16))),))), TIMEOUT)
-        assert refused.value.code == RequestErrorCode.INVALID_FILTER
         # a new filter of the same type replaces the old one
         await asyncio.wait_for(sub.update(Params(range_filters=(
             _f(P.SUBGROUP_FILTER, 0, (0, 0)),))), TIMEOUT)
@@ -166,5 +160,39 @@ async def test_request_update_replaces_and_removes_filters(tmp_path: Path) -> No
         assert got.objects == {**_expected(t, range(0, 1), [1, 3, 5]),
                                **_expected(t, range(1, 2), [0, 2, 4]),
                                **_expected(t, range(2, 3), list(range(OBJECTS)))}
+    finally:
+        await r.close()
+
+
+async def test_a_failed_request_update_ends_the_subscription(tmp_path: Path) -> None:
+    """Too many Ranges after an update: REQUEST_ERROR INVALID_FILTER, and the publisher
+    also ends the subscription with PUBLISH_DONE UPDATE_FAILED (§7.5); the relay forwards
+    nothing more to it, and its other subscriber on the session goes on."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=3)
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.next_object())), TIMEOUT)
+        other = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.next_object())), TIMEOUT)
+        await _group(t, 0)
+        await wait_cached(r, name, Location(0, OBJECTS))
+        with pytest.raises(RequestRejected) as refused:
+            await asyncio.wait_for(sub.update(Params(range_filters=(
+                RangeFilter(P.OBJECTID_FILTER, 0, tuple(Range(2 * i, 2 * i)
+                                                        for i in range(17))),))), TIMEOUT)
+        assert refused.value.code == RequestErrorCode.INVALID_FILTER
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        assert got.done is not None and got.done.status == PublishDoneCode.UPDATE_FAILED
+        assert len(r.relay.tracks[name].forwarders) == 1  # only the other subscription's
+        await _group(t, 1)
+        await t.end()
+        async with asyncio.timeout(TIMEOUT):
+            rest = await drain(other)
+        assert rest.objects.keys() >= set(_expected(t, range(0, 2), list(range(OBJECTS))))
     finally:
         await r.close()

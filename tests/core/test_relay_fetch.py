@@ -18,12 +18,24 @@ from relay_helpers import (
     wait_cached,
 )
 
-from relay.moqt.codes import EndOfRangeType, ParameterType, RequestErrorCode
+from relay.moqt.codes import (
+    EndOfRangeType,
+    LocationFilterType,
+    ObjectStatus,
+    ParameterType,
+    RequestErrorCode,
+)
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.range_filter import Range, RangeFilter
-from relay.session import IncomingFetch, RangeMarker, RequestRejected, SessionHandler
+from relay.session import (
+    IncomingFetch,
+    RangeMarker,
+    RequestRejected,
+    SessionHandler,
+    StreamEnded,
+)
 from storage.interface import OBJECT_MAX
 
 
@@ -122,27 +134,87 @@ async def test_fetch_of_a_whole_group_ends_at_its_last_known_location(tmp_path: 
     """FETCH with "all of Group G" (filter 0x03) reports the last Location known in G
     (§7.10), never {G, 2^64-1}: the End of Group a FINed END_OF_GROUP stream implies (a
     publisher that ends Groups without a status Object, as moq-rs does), else the last
-    Object held of G."""
+    Object held of G. An implied End of Group at or past a known End of Track is not
+    cached (it would contradict it)."""
     r = await relay_at(tmp_path)
     name = FullTrackName(make_ns(), b"k.raw.s0")
     try:
         pub = await client(r)
-        t = await push_track(pub, name, layers=3)
-        payloads = {g: group_payloads(g, 3, size=200) for g in range(3)}
-        for g, flag in ((0, True), (1, False), (2, True)):
+        t = await push_track(pub, name, layers=5)
+        payloads = {g: group_payloads(g, 3, size=200) for g in (0, 1, 4)}
+        payloads[2] = group_payloads(2, 1, size=200)  # one Object, not the Group's end
+        payloads[3] = []  # nothing of Group 3 ever reaches the relay
+        # End of Track first, on its own stream, right after Group 4's last Object
+        w = await t.served.open_subgroup(4, 1, 0)
+        await w.write_status(3, ObjectStatus.END_OF_TRACK, fin=True)
+        await wait_cached(r, name, Location(4, 3))
+        c = await client(r)
+        # a live subscriber sees a stream's FIN only after the relay took it in
+        live = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_start(0, 0))), TIMEOUT)
+        for g, flag in ((0, True), (1, False), (2, False), (4, True)):
             w = await t.served.open_subgroup(g, 0, 0, end_of_group=flag)
             for i, p in enumerate(payloads[g]):
-                await w.write_object(i, p, fin=i == 2)
-        await wait_cached(r, name, Location(2, 3))  # Group 2's implied End of Group
-        c = await client(r)
-        for g, end in ((0, Location(0, 3)), (1, Location(1, 2))):
+                await w.write_object(i, p, fin=i == len(payloads[g]) - 1)
+        ended: set[int] = set()
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in live:
+                if isinstance(ev, StreamEnded) and ev.fin and ev.stream.header is not None:
+                    ended.add(ev.stream.header.group_id)
+                    if ended == {0, 1, 2, 4}:
+                        break
+        live.cancel()
+        track = r.relay.tracks[name]
+        for g, end in ((0, Location(0, 3)), (1, Location(1, 2)), (2, Location(2, 0))):
             resp, got = await fetch_objects(c, name, Params(
                 location_filter=LocationFilter.absolute_group_end(g, 0, g)))
             assert resp.end_location == end
             assert got == {Location(g, i): p for i, p in enumerate(payloads[g])}
         # the implied End of Group is only cached: nothing was sent live for it
-        assert r.store.group_end(r.relay.tracks[name].key, 0) == 3
-        assert r.store.group_end(r.relay.tracks[name].key, 1) is None
+        assert r.store.group_end(track.key, 0) == 3
+        assert r.store.group_end(track.key, 1) is None
+        # Group 4's implied end is the End of Track's Location: not cached again
+        resp, got = await fetch_objects(c, name, Params(
+            location_filter=LocationFilter.absolute_group_end(4, 0, 4)))
+        assert got == {Location(4, i): p for i, p in enumerate(payloads[4])}
+        assert r.store.group_end(track.key, 4) is None and not track.malformed
+        assert track.upstreams  # and the relay is still taking in the Track
+        # nothing known of Group 3, and the publisher cannot say: reported unknown
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_group_end(3, 0, 3))), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            events = await resp.collect()
+        assert [(e.type, e.end) for e in events if isinstance(e, RangeMarker)] == \
+            [(EndOfRangeType.UNKNOWN, Location(3, OBJECT_MAX))] and len(events) == 1
+    finally:
+        await r.close()
+
+
+async def test_a_track_whose_groups_end_with_a_fin_commits(tmp_path: Path) -> None:
+    """Every Group ended by a FINed END_OF_GROUP stream and an End of Track: the Track is
+    complete, is committed to LMDB and is served from it after a restart."""
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    payloads = {g: group_payloads(g, 2, size=200) for g in range(2)}
+    r = await relay_at(tmp_path)
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=2)
+        for g in range(2):
+            w = await t.served.open_subgroup(g, 0, 7, end_of_group=True)
+            for i, p in enumerate(payloads[g]):
+                await w.write_object(i, p, fin=i == 1)
+        await t.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+    finally:
+        await r.close()
+    r = await relay_at(tmp_path)
+    try:
+        c = await client(r)
+        for g in range(2):
+            resp, got = await fetch_objects(c, name, Params(
+                location_filter=LocationFilter.absolute_group_end(g, 0, g)))
+            assert resp.end_location == Location(g, 2)
+            assert got == {Location(g, i): p for i, p in enumerate(payloads[g])}
     finally:
         await r.close()
 
@@ -183,5 +255,92 @@ async def test_an_upstream_end_location_of_a_whole_group_is_no_largest_object(
         assert b.relay.counters.get("upstream_fetches") == 1
         status = await asyncio.wait_for(c.track_status(name.namespace, name.name), TIMEOUT)
         assert status.params.largest_object == Location(4, 2)
+    finally:
+        await b.close()
+
+
+class _MarkingFetchPublisher(SessionHandler):
+    """An upstream whose first FETCH answer mixes Objects and End of Range markers (§11.7),
+    and which answers every later FETCH with one End of Unknown Range over all of it. It
+    records the range of every FETCH it gets, to show what the relay below asks again."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[Location, Location]] = []
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        lf = req.params.location_filter
+        assert lf is not None
+        start = Location(lf.start_group, lf.start_object)
+        end = Location(lf.end_group, lf.end_object) \
+            if lf.type == LocationFilterType.ABSOLUTE_RANGE else \
+            Location(lf.end_group, OBJECT_MAX)  # "all of Group"
+        assert lf.type in (LocationFilterType.ABSOLUTE_RANGE,
+                           LocationFilterType.ABSOLUTE_START_GROUP_END)
+        self.asked.append((start, end))
+        w = await req.accept(False, end)
+        if len(self.asked) == 1:
+            # a marker always ends in another Group than the element before it (§11.7)
+            await w.write_object(0, 0, 0, 0, b"a")
+            await w.write_marker(EndOfRangeType.NON_EXISTENT, 1, 3)  # {0,1}..{1,3}
+            await w.write_marker(EndOfRangeType.UNKNOWN, 2, 6)  # {1,4}..{2,6}
+            await w.write_marker(EndOfRangeType.NON_EXISTENT, 3, OBJECT_MAX)  # {2,7}..
+            await w.write_marker(EndOfRangeType.UNKNOWN, 4, 0)  # exactly {4,0}
+            await w.write_marker(EndOfRangeType.TIMED_OUT, 5, 2)  # {4,1}..{5,2}
+            await w.write_object(6, 0, 4, 0, b"b")  # {5,3}..{6,3} do not exist
+        else:
+            await w.write_marker(EndOfRangeType.UNKNOWN, end.group, end.object)
+        await w.finish()
+
+
+async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_known(
+        tmp_path: Path) -> None:
+    """After an upstream FETCH ends with FIN, the Locations it skipped do not exist (§10),
+    except those its Unknown and Timed-Out markers covered: those stay unknown and are asked
+    upstream again (§14.9), each exactly as wide as the marker said, while a FETCH of the
+    known-absent ones is answered from the cache."""
+    b = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _MarkingFetchPublisher()
+    try:
+        pub = await client(b, handler=up)
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        c = await client(b)
+
+        async def fetch(start: Location, end: Location
+                        ) -> tuple[dict[Location, bytes], list[tuple[int, Location]]]:
+            resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                location_filter=LocationFilter.absolute_range(start, end))), TIMEOUT)
+            async with asyncio.timeout(TIMEOUT):
+                events = await resp.collect()
+            return ({e.location: bytes(e.payload) for e in events
+                     if not isinstance(e, RangeMarker)},
+                    [(e.type, e.end) for e in events if isinstance(e, RangeMarker)])
+
+        got, marks = await fetch(Location(0, 0), Location(6, 5))
+        assert got == {Location(0, 0): b"a", Location(6, 4): b"b"}
+        assert up.asked[0] == (Location(0, 0), Location(6, 5))
+        # serving it, the relay asked once more per Group of the unknown ranges
+        assert [m[1].group for m in marks] == [1, 2, 4, 5]
+        asked = len(up.asked)
+        known_absent = [(Location(0, 1), Location(1, 3)), (Location(2, 7), Location(3, 9)),
+                        (Location(3, OBJECT_MAX), Location(3, OBJECT_MAX)),
+                        (Location(5, 3), Location(6, 3)), (Location(6, 5), Location(6, 5))]
+        for start, end in known_absent:
+            got, marks = await fetch(start, end)
+            assert got == {} and marks == [] and len(up.asked) == asked, (start, end, up.asked)
+        # the unknown ranges, asked again Group by Group from exactly where they start
+        whole = OBJECT_MAX
+        unknown = [
+            (Location(1, 4), Location(2, 6),
+             [(Location(1, 4), Location(1, whole)), (Location(2, 0), Location(2, 6))]),
+            (Location(4, 0), Location(4, 0), [(Location(4, 0), Location(4, 0))]),
+            (Location(4, 1), Location(5, 2),
+             [(Location(4, 1), Location(4, whole)), (Location(5, 0), Location(5, 2))]),
+        ]
+        for start, end, asks in unknown:
+            _, marks = await fetch(start, end)
+            assert marks[-1] == (EndOfRangeType.UNKNOWN, end)
+            assert up.asked[asked:] == asks, up.asked
+            asked = len(up.asked)
     finally:
         await b.close()

@@ -121,6 +121,7 @@ async def test_a_stalled_subscriber_is_ended_too_far_behind_and_others_keep_goin
             slow = await drain(stalled_sub)
         assert slow.done is not None and slow.done.status == 0x5  # TOO_FAR_BEHIND
         assert len(slow.objects) < len(track.sent)
+        assert r.relay.counters.get("too_far_behind") == 1  # and the operator can see it
     finally:
         await r.close()
 
@@ -208,6 +209,30 @@ async def test_conflicting_copies_make_the_track_malformed(tmp_path: Path) -> No
             got = await drain(sub)
         assert got.done is not None and got.done.status == 0x12  # MALFORMED_TRACK
         assert got.objects == {(0, 0): b"first copy"}
+    finally:
+        await r.close()
+
+
+async def test_an_end_of_group_stream_below_a_cached_object_makes_the_track_malformed(
+        tmp_path: Path) -> None:
+    """A FINed END_OF_GROUP stream says no larger Object ID exists in its Group (§11.2); a
+    larger one is already cached, so the copies conflict (§14.2)."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=2)
+        sub_s = await client(r)
+        sub = await asyncio.wait_for(sub_s.subscribe(name.namespace, name.name, live_params()),
+                                     TIMEOUT)
+        w = await track.served.open_subgroup(0, 1, 0)
+        await w.write_object(5, b"five", fin=True)
+        await wait_cached(r, name, Location(0, 5))
+        w = await track.served.open_subgroup(0, 0, 0, end_of_group=True)
+        await w.write_object(0, b"zero", fin=True)
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        assert got.done is not None and got.done.status == 0x12  # MALFORMED_TRACK
     finally:
         await r.close()
 

@@ -11,7 +11,6 @@ from state_pair import Pair, closes, raw
 from relay.moqt import (
     Fetch,
     FetchOk,
-    FullTrackName,
     GoAway,
     Location,
     LocationFilter,
@@ -187,8 +186,11 @@ def test_an_alias_freed_by_its_subscriptions_names_another_track() -> None:
     x.to_requester(SubscribeOk(7))
     p.client.aliases.release(7, 0)
     y, _ = p.request(lambda rid: Subscribe(rid, NS, b"y"))
-    y.to_requester(SubscribeOk(7))
-    assert p.client.aliases.track(7) == FullTrackName(NS, b"y")
+    y.to_requester(SubscribeOk(7))  # no DUPLICATE_TRACK_ALIAS: 7 was free
+    assert p.client.aliases.route(7) == 2
+    # and now 7 is y's: x again under 7 is another Track
+    x2, _ = p.request(lambda rid: Subscribe(rid, NS, b"x"))
+    closes(SessionErrorCode.DUPLICATE_TRACK_ALIAS, x2.to_requester, SubscribeOk(7))
 
 
 def test_publish_binds_its_alias_on_arrival() -> None:

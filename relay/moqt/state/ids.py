@@ -86,7 +86,3 @@ class TrackAliases:
         """The Request ID of the latest live subscription using ``alias``."""
         cur = self._by_alias.get(alias)
         return cur[1][-1] if cur is not None else None
-
-    def track(self, alias: int) -> FullTrackName | None:
-        cur = self._by_alias.get(alias)
-        return cur[0] if cur is not None else None

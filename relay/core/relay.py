@@ -500,7 +500,7 @@ class Relay:
                 async for ev in resp:
                     if isinstance(ev, ReceivedObject):
                         self.counters.inc("upstream_fetch_objects")
-                        spans.element(ev.location)
+                        spans.object(ev.location)
                         track.append_fetched(stored_object(ev))
                     elif isinstance(ev, RangeMarker):
                         spans.marker(ev)
@@ -516,7 +516,7 @@ class Relay:
                             covered.group == end.group and largest is not None and \
                             largest.group > end.group:
                         covered = end
-                    track.mark_absent(start, min(end, covered), spans.unknown)
+                    track.mark_absent(spans.absent(start, min(end, covered)))
                 return True
             except (RequestRejected, StreamAborted, SessionFailure, TransportError) as e:
                 log.info("upstream FETCH for %r failed: %s", track, e)

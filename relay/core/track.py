@@ -97,41 +97,61 @@ def _before(loc: Location) -> Location:
         else Location(loc.group - 1, OBJECT_MAX)
 
 
-def _subtract(span: tuple[Location, Location], holes: Sequence[tuple[Location, Location]]
-              ) -> Spans:
-    """The parts of the inclusive ``span`` outside every inclusive range of ``holes``."""
-    pieces = [span]
-    for h_start, h_end in holes:
-        out: Spans = []
-        for lo, hi in pieces:
-            if h_end < lo or h_start > hi:
-                out.append((lo, hi))
-                continue
-            if lo < h_start:
-                out.append((lo, _before(h_start)))
-            if h_end < hi:
-                out.append((_after(h_end), hi))
-        pieces = out
-    return pieces
+def _gaps(start: Location, end: Location, covered: Sequence[tuple[Location, Location]]
+          ) -> Spans:
+    """The parts of the inclusive span [start, end] outside every inclusive range of
+    ``covered`` (in any order)."""
+    out: Spans = []
+    cur = start
+    for lo, hi in sorted(covered):
+        if hi < cur:
+            continue
+        if lo > end:
+            break
+        if lo > cur:
+            out.append((cur, _before(lo)))
+        if hi >= end:
+            return out
+        cur = _after(hi)
+    if cur <= end:
+        out.append((cur, end))
+    return out
 
 
 class MarkerSpans:
-    """The Unknown and Timed-Out ranges an upstream fetch or fill stream reported with End
-    of Range markers (§11.7): each covers every Location after the previous element up to
-    and including the marker's. They say nothing about existence, so a FIN does not prove
-    them absent (§14.9: a relay MUST NOT turn unknown into does-not-exist)."""
+    """What an upstream fetch or fill stream said, element by element: the Locations of
+    its Objects, and the Unknown and Timed-Out ranges of its End of Range markers (§11.7;
+    each covers every Location after the previous element up to and including the
+    marker's). Once the stream ended with FIN, everything else it covered does not exist
+    (§10 item 6), but the marked ranges say nothing about existence (§14.9: a relay MUST
+    NOT turn unknown into does-not-exist)."""
 
     def __init__(self, start: Location) -> None:
         self.next = start  # the first Location after the previous element
         self.unknown: Spans = []
+        self.delivered: Spans = []  # runs of consecutive Objects, in stream order
 
     def element(self, loc: Location) -> None:
         self.next = _after(loc)
+
+    def object(self, loc: Location) -> None:
+        d = self.delivered
+        if d and _after(d[-1][1]) == loc:
+            d[-1] = (d[-1][0], loc)
+        else:
+            d.append((loc, loc))
+        self.element(loc)
 
     def marker(self, ev: RangeMarker) -> None:
         if ev.type != EndOfRangeType.NON_EXISTENT and ev.end >= self.next:
             self.unknown.append((self.next, ev.end))
         self.element(ev.end)
+
+    def absent(self, start: Location, end: Location) -> Spans:
+        """The Locations of [start, end] the stream, ended with FIN, skipped: they do not
+        exist. Decided on what the stream carried, never on what the cache holds after it:
+        an Object it delivered that the cache has evicted since is unknown, not absent."""
+        return _gaps(start, end, self.delivered + self.unknown)
 
 
 @dataclass
@@ -162,8 +182,8 @@ class RelayTrack:
         # Locations an upstream fill or FETCH proved absent (its FIN with no Range filters:
         # skipped Locations do not exist, §10 item 6). Fetch and fill streams carry no Object
         # Status, so without this a relay fed by them could never tell "the Group ends here"
-        # from "unknown". Only the gaps are recorded, so an Object evicted later is unknown
-        # again, never absent.
+        # from "unknown". Only what such a stream skipped is recorded, so an Object it
+        # delivered is unknown once evicted, never absent (even evicted before the FIN).
         self.absent: list[tuple[Location, Location]] = []
         self.properties: tuple[Any, ...] = ()  # Track Properties from upstream (§12)
         self._commit_again = False
@@ -245,15 +265,15 @@ class RelayTrack:
                         last[ev.stream.stream_id] = ev
                     if ev.stream.source is Source.FILL:
                         fills.setdefault(ev.stream.stream_id,
-                                         MarkerSpans(Location(0, 0))).element(ev.location)
+                                         MarkerSpans(Location(0, 0))).object(ev.location)
                 elif isinstance(ev, StreamEnded):
                     sid = ev.stream.stream_id
                     seen_streams.discard(sid)
-                    unknown = fills.pop(sid, MarkerSpans(Location(0, 0))).unknown
+                    spans = fills.pop(sid, MarkerSpans(Location(0, 0)))
                     if ev.stream.source is Source.FILL and ev.fin and sub.largest is not None \
                             and sub.params.fill is not None:
                         # our own fill request is {0,0}..L with no Range filters
-                        self.mark_absent(Location(0, 0), sub.largest, unknown)
+                        self.mark_absent(spans.absent(Location(0, 0), sub.largest))
                     if ev.stream.source is Source.SUBGROUP:
                         final = last.pop(sid, None)
                         header = ev.stream.header
@@ -514,14 +534,9 @@ class RelayTrack:
                     return True
         return False
 
-    def mark_absent(self, start: Location, end: Location,
-                    unknown: Sequence[tuple[Location, Location]] = ()) -> None:
-        """Record the gaps of [start, end] as known not to exist (see ``absent``), except
-        the ``unknown`` ranges the upstream reported with markers."""
-        with self.store.reader() as r:
-            for _, item in cache.walk(r, self.key, start, end):
-                if isinstance(item, Span) and item.kind == SpanKind.UNKNOWN:
-                    self.absent += _subtract((item.start, item.end), unknown)
+    def mark_absent(self, spans: Spans) -> None:
+        """Record ``spans`` as known not to exist (see ``absent``)."""
+        self.absent += spans
         self._bump()
 
     def _still_unknown(self, span: Span) -> Span | None:

@@ -344,3 +344,50 @@ async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_kno
             asked = len(up.asked)
     finally:
         await b.close()
+
+
+class _BulkFetchPublisher(SessionHandler):
+    """An upstream that answers every FETCH with all it has in the range: Groups 0..5 of two
+    8 KiB Objects each."""
+
+    def __init__(self) -> None:
+        self.payloads = {Location(g, i): bytes([g * 2 + i]) * 8192
+                         for g in range(6) for i in range(2)}
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        lf = req.params.location_filter
+        assert lf is not None and lf.type == LocationFilterType.ABSOLUTE_RANGE
+        start = Location(lf.start_group, lf.start_object)
+        end = Location(lf.end_group, lf.end_object)
+        w = await req.accept(False, min(end, Location(5, 1)))
+        for loc, p in sorted(self.payloads.items()):
+            if start <= loc <= end:
+                await w.write_object(loc.group, 0, loc.object, 0, p)
+        await w.finish()
+
+
+async def test_objects_an_upstream_fetch_brought_and_the_cache_evicted_are_not_absent(
+        tmp_path: Path) -> None:
+    """A memory tier too small for what an upstream FETCH brings evicts its Objects as they
+    come. The FIN says only what the upstream skipped does not exist: what it sent and the
+    relay evicted is unknown (§14.9), so it is asked for again or reported with a marker,
+    never left out of the answer as if it did not exist."""
+    b = await relay_at(tmp_path, memory_bytes=20 << 10)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _BulkFetchPublisher()
+    try:
+        pub = await client(b, handler=up)
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        c = await client(b)
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_range(Location(0, 0), Location(5, 1)))),
+            TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            events = await resp.collect()
+        got = {e.location: bytes(e.payload) for e in events if not isinstance(e, RangeMarker)}
+        assert b.relay.store.memory.stats()["evicted_groups"] > 0
+        for loc, p in up.payloads.items():  # each one delivered, or its group marked unknown
+            assert got.get(loc) == p or any(
+                isinstance(e, RangeMarker) and e.end.group == loc.group for e in events), loc
+    finally:
+        await b.close()

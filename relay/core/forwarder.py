@@ -27,7 +27,7 @@ from relay.moqt.dataplane.objects import SubgroupHeader
 from relay.moqt.params import Params
 from relay.moqt.primitives import Location
 from relay.moqt.range_filter import ObjectFilter, RangeFilter, override_filters
-from relay.session import ServedSubscription, SubgroupWriter
+from relay.session import RequestCancelled, ServedSubscription, SubgroupWriter
 from relay.transport import SendStream, TransportError
 from storage.interface import StoredObject
 
@@ -163,6 +163,36 @@ class Forwarder:
         self.pending += 1
         self.scheduler.push((self.subscriber_priority, prio, h.group_id, sub, _END),
                             self._emit, (stream_key, None, fin), down)
+
+    def announce_group_end(self, group: int, subgroup: int, priority: int) -> None:
+        """Tell the subscriber on the live path that ``group`` has ended, with an empty
+        subgroup stream flagged END_OF_GROUP and FINed (§11.2, §11.5): no Object of it is
+        sent, so nothing below the subscription's start is. For a Group a fill delivered
+        whose End of Group Object is L itself: the fill stream cannot carry that status
+        (§11.4) and the live part starts after it, so the subscriber would otherwise learn
+        of the Group's end only from PUBLISH_DONE (moq-rs 0.5.1 keeps the Group open)."""
+        if self.closed:
+            return
+        self.pending += 1
+        self.scheduler.push((self.subscriber_priority, priority, group, subgroup, _END),
+                            self._emit_group_end, (group, subgroup, priority))
+
+    async def _emit_group_end(self, item: tuple[int, int, int]) -> None:
+        group, subgroup, priority = item
+        self.pending -= 1
+        try:
+            if self.served is None:
+                await self._ready.wait()
+            assert self.served is not None
+            if self.closed or not self.served.forward:
+                return
+            w = await self.served.open_subgroup(group, subgroup, priority,
+                                                first_object=False, end_of_group=True)
+            await w.finish()
+        except (TransportError, RequestCancelled):
+            pass
+        finally:
+            self._maybe_done()
 
     def upstream_done(self, status: int, reason: str = "") -> None:
         """The Track's last upstream ended: PUBLISH_DONE once everything queued is sent."""

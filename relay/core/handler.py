@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from relay.moqt.codes import (
     GroupOrder,
     LocationFilterType,
+    ObjectStatus,
     PropertyType,
     PublishDoneCode,
     RequestErrorCode,
@@ -45,6 +46,7 @@ from relay.session.errors import SessionFailure
 from relay.transport import TransportError
 from storage.interface import OBJECT_MAX, Tier
 
+from . import cache
 from .auth import Role, token_values
 from .cache import relay_location
 from .forwarder import Forwarder
@@ -243,8 +245,11 @@ class RelayHandler(SessionHandler):
         if fill_wanted:
             assert largest is not None
             try:
-                await self._serve_fill(track, served, params, largest,
-                                       fwd.subscriber_priority)
+                fill_end = await self._serve_fill(track, served, params, largest,
+                                                  fwd.subscriber_priority)
+                if fill_end == largest and fwd.start == Location(largest.group,
+                                                                 largest.object + 1):
+                    self._group_end_after_fill(track, fwd, largest)
             finally:
                 fwd.release()
         if not track.live:
@@ -288,6 +293,15 @@ class RelayHandler(SessionHandler):
     @staticmethod
     def _sess_of(served: Any) -> MoqtSession:
         return served.session  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _group_end_after_fill(track: RelayTrack, fwd: Forwarder, largest: Location) -> None:
+        """L is an End of Group the fill covered and the live part starts right after:
+        say on the live path that the Group is over (see Forwarder.announce_group_end)."""
+        with track.store.reader() as r:
+            eog = next(cache.read(r, track.key, largest, largest), None)
+        if eog is not None and eog.status == ObjectStatus.END_OF_GROUP and not eog.datagram:
+            fwd.announce_group_end(eog.group, eog.subgroup, eog.priority)
 
     async def _serve_fill(self, track: RelayTrack, served: Any, params: Params,
                           largest: Location, priority: int, request_id: int | None = None

@@ -173,11 +173,7 @@ async def test_moqrs_frame_timestamps_survive_the_relay(tmp_path: Path) -> None:
 # -- 2. a moq-rs subscriber joining late -----------------------------------------------------
 
 
-@pytest.mark.parametrize("join", [
-    pytest.param("group_boundary", marks=pytest.mark.xfail(strict=True, reason=(
-        "the fill cannot carry L's End of Group and the live part starts after it; the empty "
-        "END_OF_GROUP stream that told moq-rs was taken out (docs/relay.md)"))),
-    "mid_group"])
+@pytest.mark.parametrize("join", ["group_boundary", "mid_group"])
 async def test_moqrs_late_subscriber_gets_the_current_group_then_live_once(
         tmp_path: Path, join: str) -> None:
     """moq-rs joins with Next Object + FILL_PARAMETERS Relative Start 1: the relay fills the

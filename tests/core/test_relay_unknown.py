@@ -1,12 +1,13 @@
 """Unknown stays unknown down a relay tree (§11.7, §14.7, §14.9): a lower relay that gets
 End of Unknown Range markers from upstream reports them downstream and asks again later,
-never recording the span as absent."""
+never recording the span as absent. And what is in flight is waited for, not asked for."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import pytest
 from relay_helpers import (
     TIMEOUT,
     client,
@@ -19,11 +20,20 @@ from relay_helpers import (
 )
 
 from relay.core.relay import RelayOptions
-from relay.moqt.codes import EndOfRangeType
+from relay.moqt.codes import EndOfRangeType, ObjectStatus, RequestErrorCode
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
-from relay.session import MoqtSession, RangeMarker, ReceivedObject
+from relay.session import (
+    IncomingFetch,
+    IncomingSubscribe,
+    MoqtSession,
+    RangeMarker,
+    ReceivedObject,
+    SessionHandler,
+    Source,
+    StreamEnded,
+)
 
 
 async def _fetch_group(c: MoqtSession, name: FullTrackName, g: int) -> list[object]:
@@ -88,3 +98,71 @@ async def test_unknown_upstream_span_stays_unknown_down_the_tree(tmp_path: Path)
         await b.close()
         await a.close()
         await origin.close()
+
+
+class _LatePublisher(SessionHandler):
+    """Answers SUBSCRIBE with Largest Object {0,2} at once and sends Group 0 (Objects 0 and
+    1, End of Group 2): the first ``early`` elements at once, the rest only once ``go`` is
+    set. Those are at or below L and still in flight."""
+
+    def __init__(self, early: int) -> None:
+        self.early = early
+        self.go = asyncio.Event()
+        self.fetches = 0
+
+    async def subscribe(self, req: IncomingSubscribe) -> None:
+        served = await req.accept(Location(0, 2))
+        w = await served.open_subgroup(0, 0, 0)
+        for i, p in enumerate((b"zero", b"one", None)):
+            if i == self.early:
+                await self.go.wait()
+            if p is None:
+                await w.write_status(2, ObjectStatus.END_OF_GROUP, fin=True)
+            else:
+                await w.write_object(i, p)
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        self.fetches += 1
+        await req.reject(RequestErrorCode.DOES_NOT_EXIST, "not here")
+
+
+@pytest.mark.parametrize("early", [0, 2], ids=["all-in-flight", "only-L-in-flight"])
+async def test_a_fill_waits_for_objects_in_flight_up_to_the_largest_object(
+        tmp_path: Path, early: int) -> None:
+    """Objects at or below the upstream's Largest Object that have not arrived yet are in
+    flight on the upstream subscription: a fill waits for them (``in_flight_wait``) instead of
+    asking upstream with FETCH, and serves them once they come — L itself included."""
+    r = await relay_at(tmp_path, options=RelayOptions(in_flight_wait=TIMEOUT))
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _LatePublisher(early)
+    try:
+        pub = await client(r, handler=up)
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        first = await client(r)
+        await asyncio.wait_for(first.subscribe(name.namespace, name.name), TIMEOUT)
+        track = r.relay.tracks[name]
+        async with asyncio.timeout(TIMEOUT):  # the early Objects are cached
+            while (track.last_held(0) or Location(0, -1)) < Location(0, early - 1):
+                await track.wait_change(TIMEOUT)
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, live_params()),
+                                     TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):  # until the fill is walking (then it waits)
+            while r.relay.counters.get("fills_active") == 0:
+                await asyncio.sleep(0.005)
+        up.go.set()
+        got: dict[Location, bytes] = {}
+        marks: list[RangeMarker] = []
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in sub:
+                if isinstance(ev, RangeMarker):
+                    marks.append(ev)
+                elif isinstance(ev, StreamEnded) and ev.stream.source is Source.FILL:
+                    assert ev.fin
+                    break
+                elif isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
+                    got[ev.location] = bytes(ev.payload)
+        assert got == {Location(0, 0): b"zero", Location(0, 1): b"one"} and marks == []
+        assert up.fetches == 0 and r.relay.counters.get("upstream_fetches") == 0
+    finally:
+        await r.close()

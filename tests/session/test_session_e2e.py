@@ -160,3 +160,18 @@ async def test_request_updates_wait_for_room_under_the_peers_limit(certs: Path) 
             *(sub.update(Params(subscriber_priority=i)) for i in range(5))), TIMEOUT)
         assert len(oks) == 5 and not client.closed
         assert publisher.live[-1].subscriber_priority == 4  # applied in order
+
+
+async def test_cancel_stops_and_resets_the_request_stream(pair) -> None:  # type: ignore[no-untyped-def]
+    """Unsubscribing aborts both directions of the request stream (§5.1): the publisher sees
+    STOP_SENDING on what it sends and RESET_STREAM on what it reads, both with the code. A
+    second cancel sends nothing more."""
+    publisher, client = pair
+    sub = await asyncio.wait_for(client.subscribe(NS, TRACK.name), TIMEOUT)
+    await asyncio.wait_for(publisher.subscribed.wait(), TIMEOUT)
+    served = publisher.live[0]
+    sub.cancel(0x7)
+    sub.cancel(0x9)
+    assert await asyncio.wait_for(served.rs.send_stream.wait_stopped(), TIMEOUT) == 0x7
+    await asyncio.wait_for(served.cancelled.wait(), TIMEOUT)
+    assert served.cancel_code == 0x7

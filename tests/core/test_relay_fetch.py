@@ -287,6 +287,8 @@ class _MarkingFetchPublisher(SessionHandler):
             await w.write_marker(EndOfRangeType.UNKNOWN, 4, 0)  # exactly {4,0}
             await w.write_marker(EndOfRangeType.TIMED_OUT, 5, 2)  # {4,1}..{5,2}
             await w.write_object(6, 0, 4, 0, b"b")  # {5,3}..{6,3} do not exist
+            await w.write_marker(EndOfRangeType.NON_EXISTENT, 7, 0)  # {6,5}..{7,0}
+            await w.write_marker(EndOfRangeType.UNKNOWN, 8, 3)  # {7,1}..{8,3}
         else:
             await w.write_marker(EndOfRangeType.UNKNOWN, end.group, end.object)
         await w.finish()
@@ -316,15 +318,16 @@ async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_kno
                      if not isinstance(e, RangeMarker)},
                     [(e.type, e.end) for e in events if isinstance(e, RangeMarker)])
 
-        got, marks = await fetch(Location(0, 0), Location(6, 5))
+        got, marks = await fetch(Location(0, 0), Location(8, 5))
         assert got == {Location(0, 0): b"a", Location(6, 4): b"b"}
-        assert up.asked[0] == (Location(0, 0), Location(6, 5))
+        assert up.asked[0] == (Location(0, 0), Location(8, 5))
         # serving it, the relay asked once more per Group of the unknown ranges
-        assert [m[1].group for m in marks] == [1, 2, 4, 5]
+        assert [m[1].group for m in marks] == [1, 2, 4, 5, 7, 8]
         asked = len(up.asked)
         known_absent = [(Location(0, 1), Location(1, 3)), (Location(2, 7), Location(3, 9)),
                         (Location(3, OBJECT_MAX), Location(3, OBJECT_MAX)),
-                        (Location(5, 3), Location(6, 3)), (Location(6, 5), Location(6, 5))]
+                        (Location(5, 3), Location(6, 3)), (Location(6, 5), Location(7, 0)),
+                        (Location(8, 4), Location(8, 5))]
         for start, end in known_absent:
             got, marks = await fetch(start, end)
             assert got == {} and marks == [] and len(up.asked) == asked, (start, end, up.asked)
@@ -336,6 +339,8 @@ async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_kno
             (Location(4, 0), Location(4, 0), [(Location(4, 0), Location(4, 0))]),
             (Location(4, 1), Location(5, 2),
              [(Location(4, 1), Location(4, whole)), (Location(5, 0), Location(5, 2))]),
+            (Location(7, 1), Location(8, 3),
+             [(Location(7, 1), Location(7, whole)), (Location(8, 0), Location(8, 3))]),
         ]
         for start, end, asks in unknown:
             _, marks = await fetch(start, end)

@@ -389,7 +389,7 @@ class RelayTrack:
 
     async def serve_range(self, writer: RangeWriter, start: Location, end: Location,
                           order: GroupOrder, flt: ObjectFilter | None,
-                          budget: float, upstream_fetch: UpstreamFetch | None,
+                          budget: float, upstream_fetch: UpstreamFetch,
                           in_flight_wait: float = 1.0) -> ServeStats:
         """Write every Object of [start, end] the cache holds or can obtain, in ``order``,
         that passes the request's Range filters ``flt`` (§6.5).
@@ -500,7 +500,7 @@ class RelayTrack:
                 size += item.nbytes
         return out, None, None
 
-    async def _resolve(self, span: Span, deadline: float, upstream_fetch: UpstreamFetch | None,
+    async def _resolve(self, span: Span, deadline: float, upstream_fetch: UpstreamFetch,
                        stats: ServeStats, in_flight_wait: float) -> bool:
         """Try to turn an unknown span into known Objects; True if anything changed."""
         loop = asyncio.get_running_loop()
@@ -513,7 +513,7 @@ class RelayTrack:
                     break
                 if self._span_changed(span):
                     return True
-        if upstream_fetch is not None and loop.time() < deadline:
+        if loop.time() < deadline:
             stats.upstream_fetches += 1
             try:
                 await asyncio.wait_for(upstream_fetch(self, span.start, span.end),

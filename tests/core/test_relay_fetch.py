@@ -347,6 +347,8 @@ async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_kno
             assert marks[-1] == (EndOfRangeType.UNKNOWN, end)
             assert up.asked[asked:] == asks, up.asked
             asked = len(up.asked)
+        # each request's own lookups upstream, counted for the operator
+        assert b.relay.counters.get("fetch_upstream_lookups") == len(up.asked) - 1
     finally:
         await b.close()
 

@@ -102,12 +102,14 @@ async def test_unknown_upstream_span_stays_unknown_down_the_tree(tmp_path: Path)
 
 class _LatePublisher(SessionHandler):
     """Answers SUBSCRIBE with Largest Object {0,2} at once and sends Group 0 (Objects 0 and
-    1, End of Group 2): the first ``early`` elements at once, the rest only once ``go`` is
-    set. Those are at or below L and still in flight."""
+    1, End of Group 2): the first ``early`` elements at once; once ``go`` is set, Object 0 of
+    Group 1 (a change that resolves nothing below L); once ``go2`` is set, the rest. Those are
+    at or below L and still in flight."""
 
     def __init__(self, early: int) -> None:
         self.early = early
         self.go = asyncio.Event()
+        self.go2 = asyncio.Event()
         self.fetches = 0
 
     async def subscribe(self, req: IncomingSubscribe) -> None:
@@ -116,6 +118,9 @@ class _LatePublisher(SessionHandler):
         for i, p in enumerate((b"zero", b"one", None)):
             if i == self.early:
                 await self.go.wait()
+                w1 = await served.open_subgroup(1, 0, 0)
+                await w1.write_object(0, b"next", fin=True)
+                await self.go2.wait()
             if p is None:
                 await w.write_status(2, ObjectStatus.END_OF_GROUP, fin=True)
             else:
@@ -151,6 +156,8 @@ async def test_a_fill_waits_for_objects_in_flight_up_to_the_largest_object(
             while r.relay.counters.get("fills_active") == 0:
                 await asyncio.sleep(0.005)
         up.go.set()
+        await wait_cached(r, name, Location(1, 0))  # the fill goes on waiting after it
+        up.go2.set()
         got: dict[Location, bytes] = {}
         marks: list[RangeMarker] = []
         async with asyncio.timeout(TIMEOUT):
@@ -160,9 +167,47 @@ async def test_a_fill_waits_for_objects_in_flight_up_to_the_largest_object(
                 elif isinstance(ev, StreamEnded) and ev.stream.source is Source.FILL:
                     assert ev.fin
                     break
-                elif isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
+                elif isinstance(ev, ReceivedObject) and ev.stream.source is Source.FILL:
                     got[ev.location] = bytes(ev.payload)
         assert got == {Location(0, 0): b"zero", Location(0, 1): b"one"} and marks == []
         assert up.fetches == 0 and r.relay.counters.get("upstream_fetches") == 0
     finally:
+        await r.close()
+
+
+class _SilentFetchPublisher(SessionHandler):
+    """Accepts no FETCH and refuses none: every one waits for an answer that never comes."""
+
+    def __init__(self) -> None:
+        self.fetches = 0
+        self.never = asyncio.Event()
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        self.fetches += 1
+        await self.never.wait()
+
+
+async def test_an_upstream_that_never_answers_costs_a_fetch_its_fill_timeout_only(
+        tmp_path: Path) -> None:
+    """FILL_TIMEOUT bounds the whole FETCH (§9.6): an upstream FETCH still unanswered when it
+    runs out is given up, and what it was for is reported Timed-Out."""
+    r = await relay_at(tmp_path, options=RelayOptions(in_flight_wait=0))
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _SilentFetchPublisher()
+    try:
+        pub = await client(r, handler=up)
+        t = await push_track(pub, name, layers=2)
+        await t.group(1, group_payloads(1, 2, size=100))  # Group 0 never came this way
+        await wait_cached(r, name, Location(1, 2))
+        c = await client(r)
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_range(Location(0, 0), Location(0, 5)),
+            fill_timeout=300)), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            events = await resp.collect()
+        assert [(e.type, e.end) for e in events] == \
+            [(EndOfRangeType.TIMED_OUT, Location(0, 5))]
+        assert up.fetches == 1
+    finally:
+        up.never.set()
         await r.close()

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-Hunk = tuple[list[str], list[str]]
+Op = tuple[str, str]  # (" ", "-" or "+", a line of the diff without its mark)
 
 
 def survivors(folder: str, pattern: str) -> list[str]:
@@ -28,43 +28,58 @@ def survivors(folder: str, pattern: str) -> list[str]:
     return [n.strip() for n in out.splitlines() if "mutmut_" in n and re.search(pattern, n)]
 
 
-def parse(diff: str) -> tuple[str, list[Hunk]]:
-    """The file and the hunks (old lines, new lines) of one ``mutmut show`` diff. mutmut
-    prints a function's source dedented; ``apply`` puts the indentation back."""
+def parse(diff: str) -> tuple[str, list[list[Op]]]:
+    """The file and the hunks of one ``mutmut show`` diff."""
     path, hunks = "", []
-    old: list[str] = []
-    new: list[str] = []
+    ops: list[Op] = []
     for line in diff.splitlines():
         if line.startswith("--- "):
             path = line[4:].strip()
         elif line.startswith(("+++ ", "#")):
             continue
         elif line.startswith("@@"):
-            if old or new:
-                hunks.append((old, new))
-            old, new = [], []
-        elif line.startswith("-"):
-            old.append(line[1:])
-        elif line.startswith("+"):
-            new.append(line[1:])
-        elif line.startswith(" "):
-            old.append(line[1:])
-            new.append(line[1:])
-    if old or new:
-        hunks.append((old, new))
+            if ops:
+                hunks.append(ops)
+            ops = []
+        elif line[:1] in (" ", "-", "+"):
+            ops.append((line[0], line[1:]))
+    if ops:
+        hunks.append(ops)
     return path, hunks
 
 
-def apply(src: str, hunks: list[Hunk]) -> str | None:
-    for old, new in hunks:
-        for indent in ("", "    ", "        "):
-            o = "\n".join(indent + x if x else x for x in old)
-            if src.count(o) == 1:
-                src = src.replace(o, "\n".join(indent + x if x else x for x in new))
-                break
-        else:
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def apply(src: str, hunks: list[list[Op]]) -> str | None:
+    """``src`` with the hunks applied; None if a hunk's lines are not found exactly once.
+    mutmut prints a function's source re-indented (continuation lines are not), so lines
+    are matched without their indentation, and an added line is indented like the file's
+    line it replaces."""
+    lines = src.split("\n")
+    for ops in hunks:
+        old = [t.strip() for op, t in ops if op != "+"]
+        hits = [i for i in range(len(lines) - len(old) + 1)
+                if [x.strip() for x in lines[i:i + len(old)]] == old]
+        if len(hits) != 1:
             return None
-    return src
+        at = hits[0]
+        out: list[str] = []
+        pos = at
+        shift = 0
+        for op, text in ops:
+            if op == " ":
+                out.append(lines[pos])
+                shift = _indent(lines[pos]) - _indent(text)
+                pos += 1
+            elif op == "-":
+                shift = _indent(lines[pos]) - _indent(text)
+                pos += 1
+            else:
+                out.append(" " * max(0, _indent(text) + shift) + text.lstrip() if text else text)
+        lines[at:pos] = out
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:

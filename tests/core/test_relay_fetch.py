@@ -261,8 +261,9 @@ async def test_an_upstream_end_location_of_a_whole_group_is_no_largest_object(
 
 class _MarkingFetchPublisher(SessionHandler):
     """An upstream whose first FETCH answer mixes Objects and End of Range markers (§11.7),
-    and which answers every later FETCH with one End of Unknown Range over all of it. It
-    records the range of every FETCH it gets, to show what the relay below asks again."""
+    and which answers every later FETCH with one End of Unknown Range over all of it, but
+    for {2,0}..{2,6}: nothing there. It records the range of every FETCH it gets, to show
+    what the relay below asks again."""
 
     def __init__(self) -> None:
         self.asked: list[tuple[Location, Location]] = []
@@ -289,9 +290,9 @@ class _MarkingFetchPublisher(SessionHandler):
             await w.write_object(6, 0, 4, 0, b"b")  # {5,3}..{6,3} do not exist
             await w.write_marker(EndOfRangeType.NON_EXISTENT, 7, 0)  # {6,5}..{7,0}
             await w.write_marker(EndOfRangeType.UNKNOWN, 8, 3)  # {7,1}..{8,3}
-        else:
+        elif (start, end) != (Location(2, 0), Location(2, 6)):
             await w.write_marker(EndOfRangeType.UNKNOWN, end.group, end.object)
-        await w.finish()
+        await w.finish()  # (that one range, asked again, is answered: nothing there)
 
 
 async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_known(
@@ -331,22 +332,31 @@ async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_kno
         for start, end in known_absent:
             got, marks = await fetch(start, end)
             assert got == {} and marks == [] and len(up.asked) == asked, (start, end, up.asked)
-        # the unknown ranges, asked again Group by Group from exactly where they start
+        # the unknown ranges, asked again Group by Group from exactly where they start (also
+        # when the FETCH starts on a known-absent Location before them)
         whole = OBJECT_MAX
         unknown = [
-            (Location(1, 4), Location(2, 6),
-             [(Location(1, 4), Location(1, whole)), (Location(2, 0), Location(2, 6))]),
-            (Location(4, 0), Location(4, 0), [(Location(4, 0), Location(4, 0))]),
+            (Location(1, 0), Location(2, 6),
+             [(Location(1, 4), Location(1, whole)), (Location(2, 0), Location(2, 6))],
+             Location(1, whole)),  # {2,0}..{2,6}: now known not to exist
+            (Location(4, 0), Location(4, 0), [(Location(4, 0), Location(4, 0))],
+             Location(4, 0)),
             (Location(4, 1), Location(5, 2),
-             [(Location(4, 1), Location(4, whole)), (Location(5, 0), Location(5, 2))]),
-            (Location(7, 1), Location(8, 3),
-             [(Location(7, 1), Location(7, whole)), (Location(8, 0), Location(8, 3))]),
+             [(Location(4, 1), Location(4, whole)), (Location(5, 0), Location(5, 2))],
+             Location(5, 2)),
+            (Location(7, 0), Location(8, 3),
+             [(Location(7, 1), Location(7, whole)), (Location(8, 0), Location(8, 3))],
+             Location(8, 3)),
         ]
-        for start, end, asks in unknown:
+        for start, end, asks, last_marker in unknown:
             _, marks = await fetch(start, end)
-            assert marks[-1] == (EndOfRangeType.UNKNOWN, end)
+            assert marks[-1] == (EndOfRangeType.UNKNOWN, last_marker)
             assert up.asked[asked:] == asks, up.asked
             asked = len(up.asked)
+        # what two answers proved absent together ({2,0}..{2,6}, then {2,7}.. from the
+        # first) is known absent as a whole: nothing asked, nothing reported
+        got, marks = await fetch(Location(2, 0), Location(2, 9))
+        assert got == {} and marks == [] and len(up.asked) == asked
         # each request's own lookups upstream, counted for the operator
         assert b.relay.counters.get("fetch_upstream_lookups") == len(up.asked) - 1
     finally:

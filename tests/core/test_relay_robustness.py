@@ -27,7 +27,14 @@ from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.token import Token
-from relay.session import ReceivedObject, RequestRejected, SessionConfig, SubscriptionDone
+from relay.session import (
+    IncomingFetch,
+    ReceivedObject,
+    RequestRejected,
+    SessionConfig,
+    SessionHandler,
+    SubscriptionDone,
+)
 from relay.transport import QuicSettings, connect
 
 
@@ -257,5 +264,44 @@ async def test_request_update_with_fill_replays_the_past(tmp_path: Path) -> None
         async with asyncio.timeout(TIMEOUT):
             got = await drain(sub)
         assert got.objects == track.sent and got.duplicates == []
+    finally:
+        await r.close()
+
+
+class _ConflictingFetchPublisher(SessionHandler):
+    """Answers any FETCH with Object {0,1} and, past the range asked, Object {0,2} with other
+    bytes than it sent live."""
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        w = await req.accept(False, Location(0, 2))
+        await w.write_object(0, 0, 1, 0, b"one")
+        await w.write_object(0, 0, 2, 0, b"other bytes")
+        await w.finish()
+
+
+async def test_a_fetched_copy_that_conflicts_makes_the_track_malformed(tmp_path: Path) -> None:
+    """Objects learned from an upstream FETCH are cached like any other (§14.6): one whose
+    bytes differ from the copy already cached makes the Track malformed (§14.2)."""
+    r = await relay_at(tmp_path, options=RelayOptions(in_flight_wait=0))
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r, handler=_ConflictingFetchPublisher())
+        track = await push_track(pub, name, layers=2)
+        w = await track.served.open_subgroup(0, 0, 0)
+        await w.write_object(0, b"zero")
+        await w.write_object(2, b"two")  # Object 1 never comes this way
+        await wait_cached(r, name, Location(0, 2))
+        # (a stream reset before its header reached us is never seen: don't linger for it)
+        sub_s = await client(r, config=SessionConfig(done_linger=0.2))
+        live = await asyncio.wait_for(sub_s.subscribe(name.namespace, name.name), TIMEOUT)
+        resp = await asyncio.wait_for(sub_s.fetch(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_range(Location(0, 0), Location(0, 2)))),
+            TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            await resp.collect()
+        await w.write_object(3, b"three", fin=True)  # the relay acts on its next Object
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(live)
+        assert got.done is not None and got.done.status == 0x12  # MALFORMED_TRACK
     finally:
         await r.close()

@@ -4,20 +4,32 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
+from collections.abc import Callable, Iterable
 
 import pytest
 from fake_clock import Clock
-from storage_helpers import end_group, end_track, flat, full_track, track_key, unknown_spans
+from storage_helpers import (
+    end_group,
+    end_track,
+    flat,
+    full_track,
+    reference_walk,
+    track_key,
+    unknown_spans,
+)
 
 from storage.interface import (
     OBJECT_MAX,
     AppendResult,
     ConflictError,
+    GroupOrder,
     Location,
     ObjectStatus,
     Span,
     SpanKind,
     StoredObject,
+    TrackInfo,
+    TrackKey,
 )
 from storage.memory import GROUP_OVERHEAD, OBJECT_OVERHEAD, MemoryStore
 
@@ -223,3 +235,147 @@ def test_groups_expire_after_the_max_cache_duration() -> None:
     mem.append(T, obj(1, 0))
     clock.now += 1000
     assert mem.get(T, Location(1, 0)) is not None  # no duration: no expiry
+
+
+# One Group of one 1000-byte Object: tiers sized in these make eviction order exact.
+PAY = 1000
+ONE = GROUP_OVERHEAD + OBJECT_OVERHEAD + PAY
+
+
+def put_groups(mem: MemoryStore, track: TrackKey, groups: Iterable[int]) -> None:
+    for g in groups:
+        assert mem.append(track, obj(g, 0, b"z" * PAY)) is AppendResult.STORED
+
+
+@pytest.mark.parametrize("use", [
+    lambda m: m.get(T, Location(0, 0)),
+    lambda m: list(m.read(T, Location(0, 0), Location(0, 0))),
+    lambda m: list(m.walk(T, Location(0, 0), Location(0, 0))),
+], ids=["get", "read", "walk"])
+def test_every_read_path_counts_as_use(use: Callable[[MemoryStore], object]) -> None:
+    """A fill hit (get) and a FETCH (read, walk) keep the Group they served from eviction."""
+    mem = MemoryStore(3 * ONE)
+    put_groups(mem, T, range(3))
+    assert use(mem)  # served Group 0, the oldest: now the most recently used
+    put_groups(mem, T, [3])
+    assert mem.held_groups(T) == [0, 2, 3]
+
+
+def test_info_only_peeks_and_eviction_counters_add_up() -> None:
+    mem = MemoryStore(3 * ONE)
+    put_groups(mem, T, range(3))
+    assert mem.get(T, Location(0, 0)) is not None  # LRU order now 1, 2, 0
+    # info() visits Groups 0, 1, 2 in that order: were it a use, the order would become
+    # 0, 1, 2 and Group 0 would go first below
+    info = mem.info(T)
+    assert info is not None and info.nbytes == 3 * ONE and info.groups == 3
+    put_groups(mem, T, [3, 4])
+    assert mem.held_groups(T) == [0, 3, 4]
+    assert mem.stats()["evicted_groups"] == 2
+    assert mem.stats()["evicted_bytes"] == 2 * ONE
+
+
+def test_info_reports_what_the_tier_knows() -> None:
+    mem = MemoryStore(1 << 20)
+    assert mem.info(T) is None
+    for o in flat(full_track([2, 1], size=8)):  # End of Track at {2, 0}
+        mem.append(T, o)
+    held = mem.bytes_used
+    assert mem.info(T) == TrackInfo(Location(2, 0), Location(2, 0), True, held, 3)
+    other = track_key(1)
+    mem.append(other, obj(1, 4))  # a Largest Object, no End of Track, Group 0 unknown
+    assert mem.info(other) == TrackInfo(Location(1, 4), None, False,
+                                        GROUP_OVERHEAD + OBJECT_OVERHEAD + 1, 1)
+
+
+def test_whole_group_needs_its_end_and_every_object() -> None:
+    """`whole` tells the tiered store it may serve a Group from memory as complete: its end
+    (End of Group, or the End of Track Object in it) and every Object below are held."""
+    mem = MemoryStore(1 << 20)
+    mem.append(T, obj(0, 0))
+    mem.append(T, obj(0, 1))
+    grp = mem.group(T, 0)
+    assert grp is not None
+    assert not grp.whole(None, 0)  # no End of Group, no End of Track: its end is unknown
+    assert not grp.whole(Location(1, 0), 0)  # the End of Track is in another Group
+    assert not grp.whole(Location(0, 2), 0)  # the End of Track Object itself is not held
+    end_track(mem, T, 0, 2)
+    assert grp.whole(Location(0, 2), 0)
+    other = track_key(1)
+    mem.append(other, obj(0, 1))
+    end_group(mem, other, 0, 2)  # Object 0 is missing
+    grp1 = mem.group(other, 0)
+    assert grp1 is not None and not grp1.whole(None, 0)
+    mem.append(other, obj(0, 0))
+    assert grp1.whole(None, 0)
+
+
+def test_tracks_without_objects() -> None:
+    """A track known only by a pin or an abort: nothing to read, not aborted unless said."""
+    mem = MemoryStore(1 << 20)
+    assert not mem.is_aborted(T)  # unknown track
+    mem.append(T, obj(0, 0))
+    assert not mem.is_aborted(T)
+    other = track_key(1)
+    with mem.pin(other):
+        assert not mem.is_aborted(other)
+        assert list(mem.read(other, Location(0, 0))) == []  # no Largest Object: no range
+        assert list(mem.read(other, Location(0, 0), Location(5, 0))) == []
+        mem.abort(other)
+        assert mem.is_aborted(other)
+
+
+@pytest.mark.parametrize("order", [GroupOrder.ASCENDING, GroupOrder.DESCENDING],
+                         ids=["ascending", "descending"])
+def test_walk_of_an_unknown_track_is_one_unknown_span(order: GroupOrder) -> None:
+    mem = MemoryStore(1 << 20)
+    start, end = Location(1, 2), Location(3, 4)
+    want = reference_walk({}, None, start, end, order, None, False)
+    assert list(mem.walk(T, start, end, order)) == want
+    assert list(mem.walk(T, start, end, order, include_status=True)) == want
+    assert list(mem.walk(T, start)) == []  # nothing known, no end given: no range at all
+
+
+def test_discard_group() -> None:
+    """discard_group drops a held Group as if evicted, pinned (and parked) or not; it says
+    whether there was one."""
+    mem = MemoryStore(2 * ONE)
+    assert not mem.discard_group(T, 0)  # unknown track
+    put_groups(mem, T, [0, 1])
+    assert not mem.discard_group(T, 5)  # known track, Group not held
+    assert mem.discard_group(T, 0)
+    assert mem.held_groups(T) == [1] and mem.get(T, Location(0, 0)) is None
+    assert mem.bytes_used == ONE
+    assert mem.group_end(T, 0) is None
+    assert mem.discard_group(T, 1)  # its last Group: the tier forgets the track
+    assert mem.tracks() == [] and mem.bytes_used == 0
+    # Pinned Groups beyond the capacity are parked outside the LRU, still discardable.
+    with mem.pin(T):
+        put_groups(mem, T, range(4))
+        assert mem.pinned_bytes == 3 * ONE and mem.bytes_used == 4 * ONE
+        assert mem.discard_group(T, 0)
+        assert mem.pinned_bytes == 2 * ONE and mem.bytes_used == 3 * ONE
+        assert mem.held_groups(T) == [1, 2, 3] and mem.get(T, Location(0, 0)) is None
+    assert mem.pinned_bytes == 0 and mem.bytes_used <= mem.capacity
+
+
+def test_expired_parked_groups_release_their_bytes() -> None:
+    """A pinned Group parked outside the LRU expires like any other: it leaves the tier and
+    its bytes leave the pinned count; a track whose last Group expired is forgotten."""
+    clock = Clock()
+    mem = MemoryStore(2 * ONE, clock=clock)
+    mem.set_cache_duration(T, 10.0)
+    lease = mem.pin(T)
+    put_groups(mem, T, range(4))
+    assert mem.pinned_bytes == 3 * ONE
+    clock.now += 10
+    assert mem.get(T, Location(0, 0)) is None
+    assert mem.pinned_bytes == 2 * ONE and mem.bytes_used == 3 * ONE
+    assert mem.get(T, Location(1, 0)) is None
+    assert mem.pinned_bytes == ONE and mem.bytes_used == 2 * ONE
+    assert mem.stats()["expired_groups"] == 2
+    assert mem.held_groups(T) == [2, 3]
+    lease.release()
+    assert mem.group(T, 2) is None and mem.group(T, 3) is None
+    assert mem.stats()["expired_groups"] == 4
+    assert mem.tracks() == [] and mem.bytes_used == 0 and mem.pinned_bytes == 0

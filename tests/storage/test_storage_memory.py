@@ -379,3 +379,23 @@ def test_expired_parked_groups_release_their_bytes() -> None:
     assert mem.group(T, 2) is None and mem.group(T, 3) is None
     assert mem.stats()["expired_groups"] == 4
     assert mem.tracks() == [] and mem.bytes_used == 0 and mem.pinned_bytes == 0
+
+
+def test_drop_track_forgets_parked_groups_pins_and_cache_duration() -> None:
+    clock = Clock()
+    mem = MemoryStore(2 * ONE, clock=clock)
+    mem.drop_track(T)  # an unknown track: nothing to do
+    mem.set_cache_duration(T, 10.0)
+    lease = mem.pin(T)
+    put_groups(mem, T, range(4))
+    assert mem.pinned_bytes == 3 * ONE
+    mem.drop_track(T)
+    assert mem.tracks() == [] and mem.held_groups(T) == []
+    assert mem.bytes_used == 0 and mem.pinned_bytes == 0
+    assert mem.scopes.held == {}  # no quotas: the tier keeps no per-scope books at all
+    lease.release()  # its pin went with the track: nothing left to release
+    # The same track again: no pin (it is evicted like any other) and no cache duration.
+    put_groups(mem, T, range(3))
+    assert mem.held_groups(T) == [1, 2] and mem.pinned_bytes == 0
+    clock.now += 1000
+    assert mem.get(T, Location(2, 0)) is not None

@@ -124,6 +124,39 @@ def test_memory_scope_books_follow_discard_and_expiry() -> None:
     assert mem.scopes.held[A] == 2 * GROUP and mem.scopes.evictions[A] == 1
 
 
+def test_memory_scope_books_follow_drop_track() -> None:
+    """Dropping a track takes its Groups out of the scope's books and LRU, parked ones
+    included, so that later quota evictions pick only Groups still held."""
+    mem = MemoryStore(100 * GROUP, ScopeQuotas(memory_default=2 * GROUP + GROUP // 2))
+    _put(mem, A, 0)
+    _put(mem, A, 1)
+    mem.drop_track(_key(A, 0))
+    assert mem.scopes.held[A] == GROUP
+    _put(mem, A, 2)
+    _put(mem, A, 3)
+    assert _held(mem, A, 4) == [2, 3] and mem.scopes.evictions[A] == 1
+    # B: a pinned track over its quota; the quota's victim is pinned, so it is parked
+    mem2 = MemoryStore(100 * GROUP, ScopeQuotas(memory_default=GROUP + GROUP // 2))
+    track = _key(B, 0)
+    with mem2.pin(track):
+        for g in range(2):
+            mem2.append(track, StoredObject(g, 0, 0, 0, payload=bytes(PAYLOAD)))
+        assert mem2.held_groups(track) == [0, 1] and mem2.pinned_bytes == GROUP
+        assert mem2.scopes.held[B] == 2 * GROUP
+        mem2.drop_track(track)
+        assert mem2.scopes.held == {} and mem2.bytes_used == 0 and mem2.pinned_bytes == 0
+
+
+def test_memory_group_larger_than_the_tier_leaves_the_books_as_they_were() -> None:
+    mem = MemoryStore(4 * GROUP, ScopeQuotas(memory_default=10 * GROUP))
+    _put(mem, A, 0)
+    big = StoredObject(0, 0, 0, 0, payload=bytes(5 * GROUP))
+    assert mem.append(_key(A, 1), big) is AppendResult.NOT_KEPT
+    assert mem.scopes.held == {A: GROUP} and mem.tracks() == [_key(A, 0)]
+    _put(mem, A, 2)  # the scope's LRU still holds exactly its cached Groups
+    assert _held(mem, A, 3) == [0, 2] and mem.scopes.held == {A: 2 * GROUP}
+
+
 def test_lmdb_scope_quota_evicts_own_tracks_and_books_survive_reopen(tmp_path: Path) -> None:
     q = ScopeQuotas(lmdb_default=3 * PAYLOAD + PAYLOAD // 2)
     with LmdbStore(tmp_path, 100 * PAYLOAD, quotas=q) as db:

@@ -155,6 +155,14 @@ def test_memory_group_larger_than_the_tier_leaves_the_books_as_they_were() -> No
     assert mem.scopes.held == {A: GROUP} and mem.tracks() == [_key(A, 0)]
     _put(mem, A, 2)  # the scope's LRU still holds exactly its cached Groups
     assert _held(mem, A, 3) == [0, 2] and mem.scopes.held == {A: 2 * GROUP}
+    # A held Group that grows beyond the tier goes as a whole, out of the LRU too: filling
+    # the tier then makes room from A's Groups still held
+    assert mem.append(_key(A, 0), StoredObject(0, 0, 1, 0, payload=bytes(5 * GROUP))) \
+        is AppendResult.NOT_KEPT
+    assert _held(mem, A, 3) == [2] and mem.scopes.held == {A: GROUP}
+    for i in range(3, 7):
+        _put(mem, A, i)
+    assert _held(mem, A, 7) == [3, 4, 5, 6] and mem.scopes.evictions == {A: 1}
 
 
 def test_lmdb_scope_quota_evicts_own_tracks_and_books_survive_reopen(tmp_path: Path) -> None:
@@ -170,3 +178,21 @@ def test_lmdb_scope_quota_evicts_own_tracks_and_books_survive_reopen(tmp_path: P
         assert held == {A: size, B: 3 * size}
     with LmdbStore(tmp_path, 100 * PAYLOAD, quotas=q) as db:
         assert db.scopes.held == held
+
+
+def test_memory_books_charge_the_group_overhead_once() -> None:
+    mem = MemoryStore(100 * GROUP, ScopeQuotas(memory_default=10 * GROUP))
+    for o in range(3):
+        mem.append(_key(A, 0), StoredObject(0, 0, o, 0, payload=bytes(100)))
+    assert mem.scopes.held == {A: GROUP_OVERHEAD + 3 * (OBJECT_OVERHEAD + 100)}
+    assert mem.scopes.held[A] == mem.bytes_used
+
+
+def test_memory_keeps_no_books_without_a_memory_quota() -> None:
+    """Quotas for LMDB only: the memory tier keeps no per-scope books and evicts by its
+    global LRU alone."""
+    mem = MemoryStore(100 * GROUP, ScopeQuotas(lmdb_default=GROUP))
+    assert mem.quotas is None
+    for i in range(3):
+        _put(mem, A, i)
+    assert mem.scopes.held == {} and _held(mem, A, 3) == [0, 1, 2]

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage.interface import ObjectStatus, StoredObject
+from fake_clock import Clock
+
+from storage.interface import AppendResult, Location, ObjectStatus, StoredObject
 from storage.lmdb_store import LmdbStore
 from storage.memory import GROUP_OVERHEAD, OBJECT_OVERHEAD, MemoryStore
 from storage.quota import ScopeQuotas
@@ -50,6 +52,119 @@ def test_memory_scope_quota_and_full_tier_evict_only_the_writer() -> None:
     assert mem2.held_groups(_key(A, 0)) == [] and mem2.held_groups(_key(B, 0)) == [0]
 
 
+def _put(mem: MemoryStore, scope: bytes, i: int) -> AppendResult:
+    """Group 0 of track i of `scope`: one Object, GROUP bytes."""
+    return mem.append(_key(scope, i), StoredObject(0, 0, 0, 0, payload=bytes(PAYLOAD)))
+
+
+def _held(mem: MemoryStore, scope: bytes, n: int) -> list[int]:
+    return [i for i in range(n) if mem.held_groups(_key(scope, i))]
+
+
+def test_memory_scope_quota_alone_bounds_a_scope() -> None:
+    """The tier has room for everything: only the quota (the scope's own override, else the
+    default) makes a scope give up its least recently used Groups."""
+    q = ScopeQuotas(memory_default=3 * GROUP + GROUP // 2,
+                    overrides={A: (GROUP + GROUP // 2, None)})
+    mem = MemoryStore(100 * GROUP, q)
+    for i in range(6):
+        assert _put(mem, B, i) is AppendResult.STORED
+    assert _held(mem, B, 6) == [3, 4, 5]
+    assert mem.scopes.held[B] == 3 * GROUP and mem.scopes.evictions[B] == 3
+    assert mem.get(_key(B, 3), Location(0, 0)) is not None  # a read is a use in the scope too
+    _put(mem, B, 6)
+    assert _held(mem, B, 7) == [3, 5, 6]
+    for i in range(3):
+        _put(mem, A, i)
+    assert _held(mem, A, 3) == [2]  # A's own quota: one Group
+    assert mem.scopes.held == {A: GROUP, B: 3 * GROUP}
+    assert mem.scopes.evictions == {A: 2, B: 4}
+    assert mem.bytes_used == 4 * GROUP  # the tier was never full
+    assert mem.stats()["evicted_groups"] == 6 and mem.stats()["evicted_bytes"] == 6 * GROUP
+
+
+def test_memory_group_over_the_quota_is_kept_until_the_next() -> None:
+    """The Group just written is never the quota's victim, even alone above the quota."""
+    mem = MemoryStore(100 * GROUP, ScopeQuotas(memory_default=GROUP // 2))
+    assert _put(mem, A, 0) is AppendResult.STORED
+    assert _held(mem, A, 1) == [0] and mem.scopes.held[A] == GROUP
+    assert _put(mem, A, 1) is AppendResult.STORED
+    assert _held(mem, A, 2) == [1] and mem.scopes.held[A] == GROUP
+    assert mem.scopes.evictions[A] == 1
+
+
+def test_memory_pinned_group_larger_than_the_tier_within_a_quota() -> None:
+    """A pinned Group larger than the whole tier is parked, counted in its scope's books, and
+    the quota has nothing of the scope's own in the LRU to evict for it."""
+    mem = MemoryStore(GROUP // 2, ScopeQuotas(memory_default=GROUP // 4))
+    with mem.pin(_key(A, 0)):
+        assert _put(mem, A, 0) is AppendResult.STORED
+        assert mem.pinned_bytes == GROUP and mem.scopes.held[A] == GROUP
+        assert mem.get(_key(A, 0), Location(0, 0)) is not None
+    assert _held(mem, A, 1) == [] and mem.scopes.held == {} and mem.bytes_used == 0
+
+
+def test_memory_scope_books_follow_discard_and_expiry() -> None:
+    """A discarded or expired Group leaves its scope's books and its LRU: later quota
+    evictions pick only Groups still held."""
+    clock = Clock()
+    mem = MemoryStore(100 * GROUP, ScopeQuotas(memory_default=2 * GROUP + GROUP // 2),
+                      clock=clock)
+    mem.set_cache_duration(_key(A, 1), 10.0)
+    _put(mem, A, 0)
+    _put(mem, A, 1)
+    assert mem.discard_group(_key(A, 0), 0)
+    assert mem.scopes.held[A] == GROUP
+    clock.now += 10
+    assert mem.get(_key(A, 1), Location(0, 0)) is None  # expired
+    assert mem.scopes.held == {} and mem.tracks() == [] and mem.bytes_used == 0
+    for i in range(2, 5):
+        _put(mem, A, i)
+    assert _held(mem, A, 5) == [3, 4]
+    assert mem.scopes.held[A] == 2 * GROUP and mem.scopes.evictions[A] == 1
+
+
+def test_memory_scope_books_follow_drop_track() -> None:
+    """Dropping a track takes its Groups out of the scope's books and LRU, parked ones
+    included, so that later quota evictions pick only Groups still held."""
+    mem = MemoryStore(100 * GROUP, ScopeQuotas(memory_default=2 * GROUP + GROUP // 2))
+    _put(mem, A, 0)
+    _put(mem, A, 1)
+    mem.drop_track(_key(A, 0))
+    assert mem.scopes.held[A] == GROUP
+    _put(mem, A, 2)
+    _put(mem, A, 3)
+    assert _held(mem, A, 4) == [2, 3] and mem.scopes.evictions[A] == 1
+    # B: a pinned track over its quota; the quota's victim is pinned, so it is parked
+    mem2 = MemoryStore(100 * GROUP, ScopeQuotas(memory_default=GROUP + GROUP // 2))
+    track = _key(B, 0)
+    with mem2.pin(track):
+        for g in range(2):
+            mem2.append(track, StoredObject(g, 0, 0, 0, payload=bytes(PAYLOAD)))
+        assert mem2.held_groups(track) == [0, 1] and mem2.pinned_bytes == GROUP
+        assert mem2.scopes.held[B] == 2 * GROUP
+        mem2.drop_track(track)
+        assert mem2.scopes.held == {} and mem2.bytes_used == 0 and mem2.pinned_bytes == 0
+
+
+def test_memory_group_larger_than_the_tier_leaves_the_books_as_they_were() -> None:
+    mem = MemoryStore(4 * GROUP, ScopeQuotas(memory_default=10 * GROUP))
+    _put(mem, A, 0)
+    big = StoredObject(0, 0, 0, 0, payload=bytes(5 * GROUP))
+    assert mem.append(_key(A, 1), big) is AppendResult.NOT_KEPT
+    assert mem.scopes.held == {A: GROUP} and mem.tracks() == [_key(A, 0)]
+    _put(mem, A, 2)  # the scope's LRU still holds exactly its cached Groups
+    assert _held(mem, A, 3) == [0, 2] and mem.scopes.held == {A: 2 * GROUP}
+    # A held Group that grows beyond the tier goes as a whole, out of the LRU too: filling
+    # the tier then makes room from A's Groups still held
+    assert mem.append(_key(A, 0), StoredObject(0, 0, 1, 0, payload=bytes(5 * GROUP))) \
+        is AppendResult.NOT_KEPT
+    assert _held(mem, A, 3) == [2] and mem.scopes.held == {A: GROUP}
+    for i in range(3, 7):
+        _put(mem, A, i)
+    assert _held(mem, A, 7) == [3, 4, 5, 6] and mem.scopes.evictions == {A: 1}
+
+
 def test_lmdb_scope_quota_evicts_own_tracks_and_books_survive_reopen(tmp_path: Path) -> None:
     q = ScopeQuotas(lmdb_default=3 * PAYLOAD + PAYLOAD // 2)
     with LmdbStore(tmp_path, 100 * PAYLOAD, quotas=q) as db:
@@ -63,3 +178,21 @@ def test_lmdb_scope_quota_evicts_own_tracks_and_books_survive_reopen(tmp_path: P
         assert held == {A: size, B: 3 * size}
     with LmdbStore(tmp_path, 100 * PAYLOAD, quotas=q) as db:
         assert db.scopes.held == held
+
+
+def test_memory_books_charge_the_group_overhead_once() -> None:
+    mem = MemoryStore(100 * GROUP, ScopeQuotas(memory_default=10 * GROUP))
+    for o in range(3):
+        mem.append(_key(A, 0), StoredObject(0, 0, o, 0, payload=bytes(100)))
+    assert mem.scopes.held == {A: GROUP_OVERHEAD + 3 * (OBJECT_OVERHEAD + 100)}
+    assert mem.scopes.held[A] == mem.bytes_used
+
+
+def test_memory_keeps_no_books_without_a_memory_quota() -> None:
+    """Quotas for LMDB only: the memory tier keeps no per-scope books and evicts by its
+    global LRU alone."""
+    mem = MemoryStore(100 * GROUP, ScopeQuotas(lmdb_default=GROUP))
+    assert mem.quotas is None
+    for i in range(3):
+        _put(mem, A, i)
+    assert mem.scopes.held == {} and _held(mem, A, 3) == [0, 1, 2]

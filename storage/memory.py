@@ -472,14 +472,19 @@ class MemoryStore:
             return None
         if obj.status == ObjectStatus.END_OF_TRACK:
             if eot is not None:
+                # remembered while its Group is gone: the same one again is no news
+                if eot.same_fields(obj):
+                    return AppendResult.DUPLICATE
                 raise ConflictError(f"second End of Track {loc} (first {eot.location})")
-            if st.largest is not None and st.largest > loc:
-                raise ConflictError(f"End of Track {loc} below the Largest Object")
+            if st.largest is not None and st.largest >= loc:
+                raise ConflictError(f"End of Track {loc} at or below the Largest Object")
             if grp is not None and grp.end_of_group is not None:
                 raise ConflictError(f"End of Track {loc} in a Group with End of Group")
             return None
         if obj.status != ObjectStatus.NORMAL:
             raise ConflictError(f"unknown Object Status {obj.status}")
+        if eot is not None and loc == eot.location:  # (its Group was evicted)
+            raise ConflictError(f"Object {loc} at the End of Track")
         if eot is not None and loc > eot.location:
             return AppendResult.NON_EXISTENT
         if grp is not None and grp.end_of_group is not None and obj.object_id > grp.end_of_group:

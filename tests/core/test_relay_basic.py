@@ -27,7 +27,7 @@ from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.range_filter import Range, RangeFilter
-from relay.session import RequestRejected
+from relay.session import ReceivedObject, RequestRejected
 
 
 async def test_pushed_track_outlives_its_publisher_and_a_restart(tmp_path: Path) -> None:
@@ -283,5 +283,37 @@ async def test_a_publisher_closing_right_after_writing_loses_nothing(tmp_path: P
         await pub.aclose()  # an orderly close drains what was written first
         assert await r.relay.wait_committed(name, TIMEOUT)
         assert r.relay.counters.get("objects_received") == 4 * 16
+    finally:
+        await r.close()
+
+
+async def test_a_forwarded_subgroup_stream_keeps_its_header(tmp_path: Path) -> None:
+    """The downstream subgroup stream mirrors its upstream one (§11.2): Subgroup ID,
+    Publisher Priority, FIRST_OBJECT and END_OF_GROUP as the publisher sent them."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=2)
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name), TIMEOUT)
+        w = await t.served.open_subgroup(0, 3, 9, first_object=True, end_of_group=True)
+        await w.write_object(0, b"zero")
+        await w.write_object(1, b"one", fin=True)
+        w = await t.served.open_subgroup(1, 5, 200, first_object=False)
+        await w.write_object(4, b"four", fin=True)
+        heads: dict[Location, tuple[object, ...]] = {}
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in sub:
+                if isinstance(ev, ReceivedObject):
+                    h = ev.stream.header
+                    assert h is not None
+                    heads[ev.location] = (ev.subgroup, ev.priority, h.subgroup_id,
+                                          h.publisher_priority, h.first_object, h.end_of_group)
+                    if len(heads) == 3:
+                        break
+        assert heads == {Location(0, 0): (3, 9, 3, 9, True, True),
+                         Location(0, 1): (3, 9, 3, 9, True, True),
+                         Location(1, 4): (5, 200, 5, 200, False, False)}
     finally:
         await r.close()

@@ -624,3 +624,26 @@ def test_complete_track_needs_every_object_of_every_group() -> None:
     for o in objs:
         mem.append(T, o)
     assert mem.is_complete(T) and mem.complete_track(T) == groups
+
+
+def test_a_remembered_end_of_track_whose_group_was_evicted_still_decides() -> None:
+    """Once the End of Track's Group is evicted, the End of Track is still known: the same
+    End of Track sent again (a publisher re-serving what a relay evicted) is a duplicate;
+    an Object at its Location, or an End of Track at the Location of an evicted Object,
+    contradicts what was cached (§14.2)."""
+    mem = MemoryStore(1 << 20)
+    mem.append(T, obj(0, 0))
+    mem.append(T, obj(1, 0))
+    eot = StoredObject(1, 0, 1, 5, ObjectStatus.END_OF_TRACK)
+    mem.append(T, eot)
+    mem.discard_group(T, 1)
+    assert mem.known_final(T) == Location(1, 1)  # remembered
+    assert mem.append(T, eot) is AppendResult.DUPLICATE
+    with pytest.raises(ConflictError):
+        mem.append(T, obj(1, 1))
+    other = MemoryStore(1 << 20)
+    other.append(T, obj(0, 0))
+    other.append(T, obj(1, 0))
+    other.discard_group(T, 1)
+    with pytest.raises(ConflictError):
+        other.append(T, StoredObject(1, 0, 0, 5, ObjectStatus.END_OF_TRACK))

@@ -22,7 +22,7 @@ from relay_helpers import (
 
 from relay.core.relay import RelayOptions
 from relay.moqt.codes import GroupOrder, ParameterType, RequestErrorCode
-from relay.moqt.kvp import KeyValuePair
+from relay.moqt.kvp import KeyValuePair, encode_kvps
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
@@ -289,7 +289,8 @@ async def test_a_publisher_closing_right_after_writing_loses_nothing(tmp_path: P
 
 async def test_a_forwarded_subgroup_stream_keeps_its_header(tmp_path: Path) -> None:
     """The downstream subgroup stream mirrors its upstream one (§11.2): Subgroup ID,
-    Publisher Priority, FIRST_OBJECT and END_OF_GROUP as the publisher sent them."""
+    Publisher Priority, FIRST_OBJECT and END_OF_GROUP as the publisher sent them, and each
+    Object's Properties."""
     r = await relay_at(tmp_path)
     name = FullTrackName(make_ns(), b"k.raw.s0")
     try:
@@ -300,8 +301,8 @@ async def test_a_forwarded_subgroup_stream_keeps_its_header(tmp_path: Path) -> N
         w = await t.served.open_subgroup(0, 3, 9, first_object=True, end_of_group=True)
         await w.write_object(0, b"zero")
         await w.write_object(1, b"one", fin=True)
-        w = await t.served.open_subgroup(1, 5, 200, first_object=False)
-        await w.write_object(4, b"four", fin=True)
+        w = await t.served.open_subgroup(1, 5, 200, first_object=False, properties=True)
+        await w.write_object(4, b"four", properties=encode_kvps([(0x40, 7)]), fin=True)
         heads: dict[Location, tuple[object, ...]] = {}
         async with asyncio.timeout(TIMEOUT):
             async for ev in sub:
@@ -309,11 +310,13 @@ async def test_a_forwarded_subgroup_stream_keeps_its_header(tmp_path: Path) -> N
                     h = ev.stream.header
                     assert h is not None
                     heads[ev.location] = (ev.subgroup, ev.priority, h.subgroup_id,
-                                          h.publisher_priority, h.first_object, h.end_of_group)
+                                          h.publisher_priority, h.first_object, h.end_of_group,
+                                          bytes(ev.properties or b""))
                     if len(heads) == 3:
                         break
-        assert heads == {Location(0, 0): (3, 9, 3, 9, True, True),
-                         Location(0, 1): (3, 9, 3, 9, True, True),
-                         Location(1, 4): (5, 200, 5, 200, False, False)}
+        assert heads == {Location(0, 0): (3, 9, 3, 9, True, True, b""),
+                         Location(0, 1): (3, 9, 3, 9, True, True, b""),
+                         Location(1, 4): (5, 200, 5, 200, False, False,
+                                          encode_kvps([(0x40, 7)]))}
     finally:
         await r.close()

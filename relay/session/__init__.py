@@ -14,7 +14,6 @@ that are answered with ``accept(...)`` / ``reject(...)``.
 from .client import open_session
 from .config import SessionConfig
 from .errors import (
-    PublishEnded,
     RequestCancelled,
     RequestRejected,
     SessionClosed,
@@ -56,7 +55,6 @@ __all__ = [
     "MoqtSession",
     "NamespaceEvent",
     "NamespaceSubscription",
-    "PublishEnded",
     "PublishedNamespace",
     "RangeMarker",
     "ReceivedObject",

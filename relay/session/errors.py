@@ -6,7 +6,6 @@ from relay.moqt.codes import (
     RequestErrorCode,
     SessionErrorCode,
     StreamResetCode,
-    publish_done_meaning,
     request_error_meaning,
     session_error_meaning,
     stream_reset_meaning,
@@ -63,13 +62,3 @@ class StreamAborted(SessionFailure):
         super().__init__(f"stream reset by peer: {meaning.name} (0x{code:x})")
         self.code = code
         self.meaning: StreamResetCode = meaning
-
-
-class PublishEnded(SessionFailure):
-    """The subscription ended with PUBLISH_DONE before the caller expected it."""
-
-    def __init__(self, status: int, reason: str = "") -> None:
-        name = publish_done_meaning(status).name
-        super().__init__(f"PUBLISH_DONE {name} (0x{status:x}){': ' + reason if reason else ''}")
-        self.status = status
-        self.reason = reason

@@ -558,6 +558,9 @@ class MemoryStore:
             del self._parked[key]
             self._parked_bytes -= grp.nbytes
             self._put(track, st, key, grp)
+        if self.quotas is not None and st.scope is not None:
+            # pins may have held the scope over its quota: back within it now
+            self._enforce_quota(st, None)
         self._maybe_forget(track, st)
 
     # -- per-scope quotas (storage/quota.py) -----------------------------------------------
@@ -584,9 +587,9 @@ class MemoryStore:
         lru = self._scope_lru.get(key[0].scope, {})
         return next((k for k in lru if k != key), None)
 
-    def _enforce_quota(self, st: _TrackState, key: _GroupKey) -> None:
-        """Evict the scope's own LRU Groups (never the one just written) until it is back
-        within its quota."""
+    def _enforce_quota(self, st: _TrackState, key: _GroupKey | None) -> None:
+        """Evict the scope's own LRU Groups (never ``key``, the one just written) until it
+        is back within its quota."""
         assert self.quotas is not None and st.scope is not None
         limit = self.quotas.limit(st.scope, MEMORY)
         if limit is None:

@@ -196,3 +196,17 @@ def test_memory_keeps_no_books_without_a_memory_quota() -> None:
     for i in range(3):
         _put(mem, A, i)
     assert mem.scopes.held == {} and _held(mem, A, 3) == [0, 1, 2]
+
+
+def test_memory_scope_back_within_its_quota_once_its_pins_are_released() -> None:
+    """Pinned Groups may hold a scope over its memory quota (a fill or FETCH is reading them);
+    once released, the scope gives up its own LRU Groups at once, not at its next write."""
+    q = ScopeQuotas(memory_default=GROUP + GROUP // 2)
+    mem = MemoryStore(100 * GROUP, q)
+    lease = mem.pin(_key(B, 0))
+    for g in range(3):
+        mem.append(_key(B, 0), StoredObject(g, 0, 0, 0, payload=bytes(PAYLOAD)))
+    assert mem.held_groups(_key(B, 0)) == [0, 1, 2]  # pinned: kept over the quota
+    lease.release()
+    assert mem.scopes.held[B] <= GROUP + GROUP // 2
+    assert len(mem.held_groups(_key(B, 0))) == 1 and mem.scopes.evictions[B] == 2

@@ -318,5 +318,7 @@ async def test_a_forwarded_subgroup_stream_keeps_its_header(tmp_path: Path) -> N
                          Location(0, 1): (3, 9, 3, 9, True, True, b""),
                          Location(1, 4): (5, 200, 5, 200, False, False,
                                           encode_kvps([(0x40, 7)]))}
+        # all written: nothing left queued (what the subscriber_backlog_bytes metric sums)
+        assert [f.backlog for f in r.relay.tracks[name].forwarders] == [0]
     finally:
         await r.close()

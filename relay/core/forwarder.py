@@ -48,6 +48,9 @@ class _Down:
     first: bool = False  # the first Object we send is the Subgroup's first (FIRST_OBJECT)
     offered: int = 0
     failed: bool = False
+    # The Subscriber Priority its items are queued with, fixed when it opens: a REQUEST_UPDATE
+    # that changes the subscription's must not let the stream's end overtake its Objects.
+    subscriber_priority: int = DEFAULT_SUBSCRIBER_PRIORITY
 
     @property
     def send_stream(self) -> SendStream | None:
@@ -131,7 +134,8 @@ class Forwarder:
             return
         down = self._streams.get(stream_key)
         if down is None:
-            down = _Down(header, first=header.first_object and first_in_stream)
+            down = _Down(header, first=header.first_object and first_in_stream,
+                         subscriber_priority=self.subscriber_priority)
             self._streams[stream_key] = down
         if not self.passes(obj):
             if down.offered == 0:
@@ -148,7 +152,7 @@ class Forwarder:
         if self.backlog > self.max_backlog:
             self.too_far_behind()
             return
-        key = (self.subscriber_priority, obj.priority, obj.group, obj.subgroup,
+        key = (down.subscriber_priority, obj.priority, obj.group, obj.subgroup,
                obj.object_id)
         self.scheduler.push(key, self._emit, (stream_key, obj, size), down, size)
 
@@ -161,7 +165,7 @@ class Forwarder:
         prio = h.publisher_priority if h.publisher_priority is not None \
             else DEFAULT_PUBLISHER_PRIORITY
         self.pending += 1
-        self.scheduler.push((self.subscriber_priority, prio, h.group_id, sub, _END),
+        self.scheduler.push((down.subscriber_priority, prio, h.group_id, sub, _END),
                             self._emit, (stream_key, None, fin), down)
 
     def announce_group_end(self, group: int, subgroup: int, priority: int) -> None:

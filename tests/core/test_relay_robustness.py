@@ -33,6 +33,7 @@ from relay.session import (
     RequestRejected,
     SessionConfig,
     SessionHandler,
+    StreamEnded,
     SubscriptionDone,
 )
 from relay.transport import QuicSettings, connect
@@ -303,5 +304,48 @@ async def test_a_fetched_copy_that_conflicts_makes_the_track_malformed(tmp_path:
         async with asyncio.timeout(TIMEOUT):
             got = await drain(live)
         assert got.done is not None and got.done.status == 0x12  # MALFORMED_TRACK
+    finally:
+        await r.close()
+
+
+async def test_a_subscriber_priority_raised_mid_stream_loses_no_object(tmp_path: Path) -> None:
+    """REQUEST_UPDATE may raise a subscription's Subscriber Priority while Objects of one of
+    its streams are still queued at the relay: the stream's end must still come after them,
+    not ahead of them with the new priority (§7.5: the update changes the order of what is
+    sent, never what)."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=2)
+        # a small window per stream only: the data stream stalls, REQUEST_UPDATE's answer
+        # still gets through. On aioquic, whose receive credit follows what is read (qh3's
+        # does not: its stream would not hold the relay back), whatever the relay runs on.
+        slow = await client(r, config=SessionConfig(receive_queue=4),
+                            settings=QuicSettings(max_data=16 << 20, max_stream_data=32 * 1024,
+                                                  backend="aioquic"))
+        sub = await asyncio.wait_for(slow.subscribe(name.namespace, name.name, Params(
+            subscriber_priority=200)), TIMEOUT)
+        payloads = group_payloads(0, 40, size=64 * 1024)  # far more than the windows hold
+        w = await t.served.open_subgroup(0, 0, 0)
+        for i, p in enumerate(payloads):
+            await w.write_object(i, p)
+        await wait_cached(r, name, Location(0, 39))
+        fwd = next(iter(r.relay.tracks[name].forwarders))
+        assert fwd.pending > 0  # Objects still queued for the slow subscriber
+        await asyncio.wait_for(sub.update(Params(subscriber_priority=10)), TIMEOUT)
+        queued = fwd.pending
+        await w.finish()
+        async with asyncio.timeout(TIMEOUT):  # until the relay queued the stream's end
+            while fwd.pending == queued:  # (no event for it: polled)
+                await asyncio.sleep(0.005)
+        got: dict[int, bytes] = {}
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in sub:
+                if isinstance(ev, ReceivedObject):
+                    got[ev.object_id] = bytes(ev.payload)
+                elif isinstance(ev, StreamEnded):
+                    break
+        assert got == dict(enumerate(payloads))
     finally:
         await r.close()

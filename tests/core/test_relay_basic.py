@@ -21,13 +21,19 @@ from relay_helpers import (
 )
 
 from relay.core.relay import RelayOptions
-from relay.moqt.codes import GroupOrder, ParameterType, RequestErrorCode
+from relay.moqt.codes import (
+    GroupOrder,
+    ObjectStatus,
+    ParameterType,
+    RequestErrorCode,
+    StreamResetCode,
+)
 from relay.moqt.kvp import KeyValuePair, encode_kvps
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.range_filter import Range, RangeFilter
-from relay.session import ReceivedObject, RequestRejected
+from relay.session import ReceivedObject, RequestRejected, StreamEnded, Subscription
 
 
 async def test_pushed_track_outlives_its_publisher_and_a_restart(tmp_path: Path) -> None:
@@ -320,5 +326,62 @@ async def test_a_forwarded_subgroup_stream_keeps_its_header(tmp_path: Path) -> N
                                           encode_kvps([(0x40, 7)]))}
         # all written: nothing left queued (what the subscriber_backlog_bytes metric sums)
         assert [f.backlog for f in r.relay.tracks[name].forwarders] == [0]
+    finally:
+        await r.close()
+
+
+async def test_forward_end_location_and_an_upstream_reset_on_the_live_path(
+        tmp_path: Path) -> None:
+    """A subscription with Forward 0 gets no Object until an update sets it (§7.4); one with
+    an Absolute Range gets its End Location, inclusive, and nothing after it (§6.2); a stream
+    the publisher resets is reset downstream (INTERNAL_ERROR), never FINed as if whole."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=4)
+        c = await client(r)
+        paused = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            forward=False)), TIMEOUT)
+        ranged = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_range(Location(0, 0), Location(1, 3)))),
+            TIMEOUT)
+        watcher = await asyncio.wait_for(c.subscribe(name.namespace, name.name), TIMEOUT)
+        for g in range(2):
+            await t.group(g, group_payloads(g, 3, size=100))
+        await wait_cached(r, name, Location(1, 3))
+        await asyncio.wait_for(paused.update(Params(forward=True)), TIMEOUT)
+        await t.group(2, group_payloads(2, 3, size=100))
+        w = await t.served.open_subgroup(3, 0, 0)
+        await w.write_object(0, b"cut short")
+        await wait_cached(r, name, Location(3, 0))
+        w.reset(0x9)
+
+        async def until_reset(sub: Subscription) -> tuple[set[Location], list[StreamEnded]]:
+            objects: set[Location] = set()
+            ends: list[StreamEnded] = []
+            async with asyncio.timeout(TIMEOUT):
+                async for ev in sub:
+                    if isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
+                        objects.add(ev.location)
+                    elif isinstance(ev, StreamEnded):
+                        ends.append(ev)
+                        if ev.stream.header is not None and ev.stream.header.group_id == 3:
+                            break
+            return objects, ends
+
+        objects, ends = await until_reset(watcher)  # every stream, the last one reset
+        assert len(objects) == 3 * 3 + 1
+        assert [(e.fin, e.reset_code) for e in ends][-1] == (False, StreamResetCode.INTERNAL_ERROR)
+        assert all(e.fin for e in ends[:-1])
+        objects, _ = await until_reset(paused)
+        assert objects == {Location(2, i) for i in range(3)} | {Location(3, 0)}
+        await t.end()  # PUBLISH_DONE follows everything queued before it
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(ranged)
+        # up to Group 1's End of Group, {1,3}, the End Location itself
+        assert set(got.objects) == {Location(g, i) for g in range(2) for i in range(3)}
+        assert got.statuses == {Location(0, 3): ObjectStatus.END_OF_GROUP,
+                                Location(1, 3): ObjectStatus.END_OF_GROUP}
     finally:
         await r.close()

@@ -33,7 +33,13 @@ from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.range_filter import Range, RangeFilter
-from relay.session import ReceivedObject, RequestRejected, StreamEnded, Subscription
+from relay.session import (
+    ReceivedObject,
+    RequestRejected,
+    SessionConfig,
+    StreamEnded,
+    Subscription,
+)
 
 
 async def test_pushed_track_outlives_its_publisher_and_a_restart(tmp_path: Path) -> None:
@@ -304,9 +310,17 @@ async def test_a_forwarded_subgroup_stream_keeps_its_header(tmp_path: Path) -> N
         t = await push_track(pub, name, layers=2)
         c = await client(r)
         sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name), TIMEOUT)
+        # there from the start, but its window starts at Object 1
+        mid = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_start(0, 1))), TIMEOUT)
         w = await t.served.open_subgroup(0, 3, 9, first_object=True, end_of_group=True)
         await w.write_object(0, b"zero")
-        await w.write_object(1, b"one", fin=True)
+        await w.write_object(1, b"one")
+        await wait_cached(r, name, Location(0, 1))
+        # joins after Object 1: its copy of the stream does not start with the first Object
+        late = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.next_object())), TIMEOUT)
+        await w.write_object(2, b"two", fin=True)
         w = await t.served.open_subgroup(1, 5, 200, first_object=False, properties=True)
         await w.write_object(4, b"four", properties=encode_kvps([(0x40, 7)]), fin=True)
         heads: dict[Location, tuple[object, ...]] = {}
@@ -318,14 +332,22 @@ async def test_a_forwarded_subgroup_stream_keeps_its_header(tmp_path: Path) -> N
                     heads[ev.location] = (ev.subgroup, ev.priority, h.subgroup_id,
                                           h.publisher_priority, h.first_object, h.end_of_group,
                                           bytes(ev.properties or b""))
-                    if len(heads) == 3:
+                    if len(heads) == 4:
                         break
         assert heads == {Location(0, 0): (3, 9, 3, 9, True, True, b""),
                          Location(0, 1): (3, 9, 3, 9, True, True, b""),
+                         Location(0, 2): (3, 9, 3, 9, True, True, b""),
                          Location(1, 4): (5, 200, 5, 200, False, False,
                                           encode_kvps([(0x40, 7)]))}
+        for joined, first in ((late, Location(0, 2)), (mid, Location(0, 1))):
+            async with asyncio.timeout(TIMEOUT):
+                async for ev in joined:
+                    if isinstance(ev, ReceivedObject):
+                        assert ev.stream.header is not None
+                        assert (ev.location, ev.stream.header.first_object) == (first, False)
+                        break
         # all written: nothing left queued (what the subscriber_backlog_bytes metric sums)
-        assert [f.backlog for f in r.relay.tracks[name].forwarders] == [0]
+        assert [f.backlog for f in r.relay.tracks[name].forwarders] == [0, 0, 0]
     finally:
         await r.close()
 
@@ -340,11 +362,15 @@ async def test_forward_end_location_and_an_upstream_reset_on_the_live_path(
     try:
         pub = await client(r)
         t = await push_track(pub, name, layers=4)
-        c = await client(r)
+        # (a stream reset before its header arrived is never seen: don't linger for it)
+        c = await client(r, config=SessionConfig(done_linger=0.2))
         paused = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
             forward=False)), TIMEOUT)
         ranged = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
             location_filter=LocationFilter.absolute_range(Location(0, 0), Location(1, 3)))),
+            TIMEOUT)
+        cut = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_range(Location(2, 0), Location(2, 1)))),
             TIMEOUT)
         watcher = await asyncio.wait_for(c.subscribe(name.namespace, name.name), TIMEOUT)
         for g in range(2):
@@ -379,6 +405,15 @@ async def test_forward_end_location_and_an_upstream_reset_on_the_live_path(
         await t.end()  # PUBLISH_DONE follows everything queued before it
         async with asyncio.timeout(TIMEOUT):
             got = await drain(ranged)
+        # Group 2 goes on past this End Location: its stream must not end with FIN (that
+        # says the Subgroup's later Objects were sent, §11.5); it is reset, and the reset
+        # may even overtake its header
+        fins: list[int] = []
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in cut:
+                if isinstance(ev, StreamEnded) and ev.fin and ev.stream.header is not None:
+                    fins.append(ev.stream.header.group_id)
+        assert 2 not in fins
         # up to Group 1's End of Group, {1,3}, the End Location itself
         assert set(got.objects) == {Location(g, i) for g in range(2) for i in range(3)}
         assert got.statuses == {Location(0, 3): ObjectStatus.END_OF_GROUP,

@@ -320,9 +320,16 @@ async def test_a_forwarded_subgroup_stream_keeps_its_header(tmp_path: Path) -> N
         # joins after Object 1: its copy of the stream does not start with the first Object
         late = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
             location_filter=LocationFilter.next_object())), TIMEOUT)
-        await w.write_object(2, b"two", fin=True)
+        await w.write_object(2, b"two")
+        await wait_cached(r, name, Location(0, 2))
+        # joins after the stream's last Object, before its FIN: it has no copy of the stream
+        await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.next_object())), TIMEOUT)
+        await w.finish()
         w = await t.served.open_subgroup(1, 5, 200, first_object=False, properties=True)
         await w.write_object(4, b"four", properties=encode_kvps([(0x40, 7)]), fin=True)
+        w = await t.served.open_subgroup(1, 6, None)  # no priority: the Track's default
+        await w.write_object(5, b"five", fin=True)
         heads: dict[Location, tuple[object, ...]] = {}
         async with asyncio.timeout(TIMEOUT):
             async for ev in sub:
@@ -332,13 +339,14 @@ async def test_a_forwarded_subgroup_stream_keeps_its_header(tmp_path: Path) -> N
                     heads[ev.location] = (ev.subgroup, ev.priority, h.subgroup_id,
                                           h.publisher_priority, h.first_object, h.end_of_group,
                                           bytes(ev.properties or b""))
-                    if len(heads) == 4:
+                    if len(heads) == 5:
                         break
         assert heads == {Location(0, 0): (3, 9, 3, 9, True, True, b""),
                          Location(0, 1): (3, 9, 3, 9, True, True, b""),
                          Location(0, 2): (3, 9, 3, 9, True, True, b""),
                          Location(1, 4): (5, 200, 5, 200, False, False,
-                                          encode_kvps([(0x40, 7)]))}
+                                          encode_kvps([(0x40, 7)])),
+                         Location(1, 5): (6, 128, 6, 128, True, False, b"")}
         for joined, first in ((late, Location(0, 2)), (mid, Location(0, 1))):
             async with asyncio.timeout(TIMEOUT):
                 async for ev in joined:
@@ -347,7 +355,7 @@ async def test_a_forwarded_subgroup_stream_keeps_its_header(tmp_path: Path) -> N
                         assert (ev.location, ev.stream.header.first_object) == (first, False)
                         break
         # all written: nothing left queued (what the subscriber_backlog_bytes metric sums)
-        assert [f.backlog for f in r.relay.tracks[name].forwarders] == [0, 0, 0]
+        assert [f.backlog for f in r.relay.tracks[name].forwarders] == [0, 0, 0, 0]
     finally:
         await r.close()
 

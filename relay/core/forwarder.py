@@ -61,8 +61,7 @@ class _Down:
 class Forwarder:
     def __init__(self, params: Params, scheduler: SessionScheduler,
                  start: Location, end: Location | None, *, max_backlog: int,
-                 on_close: Callable[[Forwarder], None], on_backlog: Callable[[int], None] | None
-                 = None) -> None:
+                 on_close: Callable[[Forwarder], None]) -> None:
         # Registered with the Track before SUBSCRIBE_OK is sent (so no Object above L can slip
         # between the two); ``attach`` gives it the subscription once the reply is out.
         self.served: ServedSubscription | None = None
@@ -74,7 +73,6 @@ class Forwarder:
         self.end = end
         self.max_backlog = max_backlog
         self._on_close = on_close
-        self._on_backlog = on_backlog
         self.range_filters: tuple[RangeFilter, ...] = ()
         self._filter: ObjectFilter | None = None
         self.update_filters(params.range_filters)
@@ -147,8 +145,6 @@ class Forwarder:
         size = len(obj.payload) + 64
         self.backlog += size
         self.pending += 1
-        if self._on_backlog is not None:
-            self._on_backlog(self.backlog)
         if self.backlog > self.max_backlog:
             self.too_far_behind()
             return

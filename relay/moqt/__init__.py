@@ -4,7 +4,7 @@ no clock: bytes in, typed values out.
 Public API (all re-exported here):
 
 * Integers — ``encode_vi64(v) -> bytes``, ``decode_vi64(buf, pos) -> (v, pos)`` (MOQT vi64,
-  not the QUIC varint), ``vi64_size``, ``MAX_VI64``.
+  not the QUIC varint), ``MAX_VI64``.
 * Codes — ``SessionErrorCode``, ``RequestErrorCode``, ``PublishDoneCode``, ``StreamResetCode``,
   ``ObjectStatus``, ``MessageType``, ``SetupOption``, ``ParameterType``, ``PropertyType``,
   ``LocationFilterType``, ``GroupOrder``, ``AliasType``, ``SubgroupIdMode``,
@@ -139,7 +139,7 @@ from .primitives import (
 from .range_filter import Range, RangeFilter, evaluate_range_filters
 from .state import Refuse, RequestState, SessionState
 from .token import Token, decode_token, encode_token
-from .vi64 import MAX_VI64, decode_vi64, encode_vi64, vi64_size
+from .vi64 import MAX_VI64, decode_vi64, encode_vi64
 
 __all__ = [
     "ALPN",
@@ -249,5 +249,4 @@ __all__ = [
     "session_error_meaning",
     "stream_reset_meaning",
     "validate_track_properties",
-    "vi64_size",
 ]

@@ -17,7 +17,6 @@ __all__ = [
     "NeedMoreData",
     "decode_vi64",
     "encode_vi64",
-    "vi64_size",
 ]
 
 MAX_VI64: Final = (1 << 64) - 1
@@ -40,16 +39,6 @@ _PREFIX: Final = tuple(
     0 if n == 0 else ((0xFF << (9 - n)) & 0xFF) << (8 * (n - 1)) for n in range(9)
 )
 _MASK: Final = tuple((1 << (7 * n)) - 1 for n in range(9))
-
-
-def vi64_size(v: int) -> int:
-    """Bytes in the shortest vi64 encoding of ``v``."""
-    if v < 0x80:
-        return 1
-    n = 2
-    while n < 9 and v >= 1 << (7 * n):
-        n += 1
-    return n
 
 
 def encode_vi64(v: int) -> bytes:

@@ -11,36 +11,29 @@ from relay.moqt.dataplane.fetch import FetchStreamParser
 from relay.moqt.kvp import Properties
 from relay.moqt.messages import Fetch, FetchOk, RequestOk, RequestUpdate
 from relay.moqt.params import Params
-from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
+from relay.moqt.primitives import Location, TrackNamespace
 from relay.transport import StreamReset
 
 from .errors import SessionClosed, StreamAborted
 from .event_queue import END, EventQueue, EventSource
 from .events import FetchEvent, Source, StreamInfo
 from .request_stream import RequestStream
-from .requests import IncomingTrackRequest, send_routed
+from .requests import IncomingTrackRequest, OutgoingTrackRequest, send_routed
 from .writers import FetchWriter, _StreamWriter
 
 if TYPE_CHECKING:
     from .base import SessionBase
 
 
-class FetchResponse(EventSource[FetchEvent]):
+class FetchResponse(OutgoingTrackRequest, EventSource[FetchEvent]):
     """The requester side of a FETCH: FETCH_OK's fields, then the fetch stream's Objects."""
 
     def __init__(self, session: SessionBase, rs: RequestStream, request_id: int,
                  namespace: TrackNamespace, name: bytes, params: Params) -> None:
-        self.session = session
-        self.rs = rs
-        self.request_id = request_id
-        self.full_name = FullTrackName(namespace, name)
-        self.params = params
-        self.group_order = params.group_order or GroupOrder.ASCENDING
+        super().__init__(session, rs, request_id, namespace, name, params)
         self.end_of_track = False
         self.end_location: Location | None = None
-        self.track_properties: Properties = ()
         self._events = EventQueue(session.config.receive_queue)
-        self.ended = False
 
     def stream_opened(self) -> None:
         pass

@@ -8,8 +8,9 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from relay.moqt.codes import MessageType, RequestErrorCode
+from relay.moqt.codes import GroupOrder, MessageType, RequestErrorCode
 from relay.moqt.errors import SessionError
+from relay.moqt.kvp import Properties
 from relay.moqt.messages import RequestErrorMessage, RequestMessage, RequestOk
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, TrackNamespace
@@ -79,6 +80,23 @@ class IncomingTrackRequest(IncomingRequest):
 
 
 # -- ours ------------------------------------------------------------------------------------------
+
+
+class OutgoingTrackRequest:
+    """Common part of our request for one Track that then delivers Objects (SUBSCRIBE,
+    FETCH, a PUBLISH we accepted)."""
+
+    def __init__(self, session: SessionBase, rs: RequestStream, request_id: int,
+                 namespace: TrackNamespace, name: bytes, params: Params) -> None:
+        self.session = session
+        self.rs = rs
+        self.request_id = request_id
+        self.full_name = FullTrackName(namespace, name)
+        self.params = params
+        self.group_order = params.group_order or GroupOrder.ASCENDING
+        self.track_properties: Properties = ()
+        self.ended = False
+
 
 
 def rejected(msg: RequestErrorMessage) -> RequestRejected:

@@ -41,7 +41,7 @@ from .errors import RequestCancelled, RequestRejected, SessionClosed
 from .event_queue import EventQueue, EventSource
 from .events import Source, StreamEnded, StreamInfo, SubscriptionDone, SubscriptionEvent
 from .request_stream import RequestStream
-from .requests import IncomingTrackRequest, rejected, send_routed
+from .requests import IncomingTrackRequest, OutgoingTrackRequest, rejected, send_routed
 from .writers import FetchWriter, SubgroupWriter, _StreamWriter
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ UpdateHook = Callable[[RequestUpdate], Awaitable[Params | None]]
 # -- the subscriber ------------------------------------------------------------------------------
 
 
-class Subscription(EventSource[SubscriptionEvent]):
+class Subscription(OutgoingTrackRequest, EventSource[SubscriptionEvent]):
     """The subscriber side of one subscription (SUBSCRIBE we sent, or PUBLISH we accepted).
 
     Iterate it for ``SubscriptionEvent``s; iteration ends after ``SubscriptionDone``. It
@@ -62,17 +62,10 @@ class Subscription(EventSource[SubscriptionEvent]):
 
     def __init__(self, session: SessionBase, rs: RequestStream, request_id: int,
                  namespace: TrackNamespace, name: bytes, params: Params) -> None:
-        self.session = session
-        self.rs = rs
-        self.request_id = request_id
-        self.full_name = FullTrackName(namespace, name)
-        self.params = params
+        super().__init__(session, rs, request_id, namespace, name, params)
         self.track_alias: int | None = None
         self.largest: Location | None = None
-        self.track_properties: Properties = ()
-        self.group_order = params.group_order or GroupOrder.ASCENDING
         self.established = asyncio.Event()
-        self.ended = False
         self.done: PublishDone | None = None
         self._events = EventQueue(session.config.receive_queue)
         self._open_streams = 0

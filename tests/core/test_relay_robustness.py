@@ -252,6 +252,30 @@ async def test_conflicting_copies_make_the_track_malformed(
         await r.close()
 
 
+async def test_request_update_with_fill_replays_the_past(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=3)
+        await track.group(0, group_payloads(0, 3))
+        await wait_cached(r, name, Location(0, 3))
+        s = await client(r)
+        sub = await asyncio.wait_for(s.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.next_object())), TIMEOUT)
+        ok = await asyncio.wait_for(sub.update(Params(
+            fill=Params(location_filter=LocationFilter.absolute_start(0, 0)))), TIMEOUT)
+        assert ok.params.largest_object == Location(0, 3)
+        await track.group(1, group_payloads(1, 3))
+        await track.group(2, group_payloads(2, 3))
+        await track.end()
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        assert got.objects == track.sent and got.duplicates == []
+    finally:
+        await r.close()
+
+
 class _ConflictingFetchPublisher(SessionHandler):
     """Answers any FETCH with Object {0,1} and, past the range asked, Object {0,2} with other
     bytes than it sent live."""

@@ -158,6 +158,10 @@ KEYS: tuple[Key, ...] = (
         "Seconds without a packet from the upstream relay (PINGed every third of it) before "
         "its session counts as dead; also bounds each dial.",
         str(RelayConfig.upstream_idle_timeout)),
+    Key("upstream_announce_fields", _int, RelayConfig.upstream_announce_fields,
+        "Announcing upward: one PUBLISH_NAMESPACE per distinct first N fields of the "
+        "namespaces this relay holds (2: per KVCS scope); 0: one per whole namespace.",
+        str(RelayConfig.upstream_announce_fields)),
     Key("upstream_insecure", _bool, False, "Do not verify the upstream certificate (loopback "
         "development only).", "false", is_flag=True),
     Key("memory_bytes", _int, RelayConfig.memory_bytes, "Byte bound of the memory tier "
@@ -232,7 +236,8 @@ class Settings:
             listen_host=host, listen_port=port, data_dir=v["data_dir"], cert=v["cert"],
             key=v["key"], upstream=list(v["upstream"]), upstream_ca=v["upstream_ca"],
             upstream_insecure=v["upstream_insecure"],
-            upstream_idle_timeout=v["upstream_idle_timeout"], memory_bytes=v["memory_bytes"],
+            upstream_idle_timeout=v["upstream_idle_timeout"],
+            upstream_announce_fields=v["upstream_announce_fields"], memory_bytes=v["memory_bytes"],
             lmdb_bytes=v["lmdb_bytes"], lmdb_max_age=v["lmdb_max_age"],
             max_datagram_size=v["max_datagram_size"], quic_backend=v["quic_backend"],
             options=RelayOptions(max_backlog_bytes=v["max_backlog_bytes"],

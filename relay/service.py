@@ -21,7 +21,7 @@ from pathlib import Path
 
 from relay.admin import AdminApi
 from relay.core.auth import Authorizer, tokens_of
-from relay.core.relay import Relay, RelayOptions
+from relay.core.relay import RELAY_IMPLEMENTATION, Relay, RelayOptions
 from relay.core.siblings import SiblingLinks
 from relay.core.upstream import UpstreamLink
 from relay.metrics import MetricsServer, RelayMetrics
@@ -54,6 +54,9 @@ class RelayConfig:
     # QUIC idle timeout of upstream links (PINGs every third of it keep a quiet link up):
     # a dead upstream is noticed within about this long; also bounds each dial.
     upstream_idle_timeout: float = 3.0
+    # Announcing upward (docs/relay.md, "Trees"): one PUBLISH_NAMESPACE per distinct first N
+    # fields of this relay's own namespaces (2: per KVCS scope); 0: per whole namespace.
+    upstream_announce_fields: int = 2
     memory_bytes: int = 1 << 30
     lmdb_bytes: int = 8 << 30
     lmdb_max_age: float | None = None
@@ -218,13 +221,15 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
         upstream = UpstreamLink(
             config.upstream,
             config=dataclasses.replace(config.options.session,
-                                       authorization_tokens=tokens_of(config.upstream_token)),
+                                       authorization_tokens=tokens_of(config.upstream_token),
+                                       implementation=RELAY_IMPLEMENTATION),
             settings=dataclasses.replace(settings, idle_timeout=config.upstream_idle_timeout,
                                          keepalive_interval=config.upstream_idle_timeout / 3),
             ca_file=config.upstream_ca, insecure=config.upstream_insecure,
             dial_timeout=config.upstream_idle_timeout)
     relay = Relay(store, options=config.options, authorizer=authorizer, upstream=upstream,
-                  clock=config.clock)
+                  clock=config.clock, announce_fields=config.upstream_announce_fields,
+                  upstream_token=config.upstream_token)
     try:
         fd = config.worker.fd if config.worker is not None else None
         server = await serve(config.listen_host, config.listen_port, certfile, keyfile,
@@ -267,6 +272,8 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
         running.metrics_server = ms
     if authorizer.open:
         log.warning("no authorization tokens configured: the relay is open (development)")
+    if relay.announcer is not None:
+        relay.announcer.start()  # what LMDB holds is announced upward from the start
     return running
 
 

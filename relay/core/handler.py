@@ -50,7 +50,7 @@ from . import cache
 from .auth import Role, token_values
 from .cache import relay_location
 from .forwarder import Forwarder
-from .namespaces import NamespaceListener, PublisherEntry
+from .namespaces import NamespaceListener, PublisherEntry, Reach, not_from, own_source
 from .scheduler import DEFAULT_SUBSCRIBER_PRIORITY, ScheduledWriter, SessionScheduler
 from .track import RelayTrack
 from .upstream import UNREACHABLE
@@ -90,18 +90,23 @@ def _props(track: RelayTrack, params: Params) -> tuple[Any, ...]:
 class RelayHandler(SessionHandler):
     """Answers one downstream session's requests on behalf of the Relay."""
 
-    def __init__(self, relay: Relay, *, sibling: bool = False) -> None:
+    def __init__(self, relay: Relay, *, reach: Reach = Reach.ALL) -> None:
         self.relay = relay
-        # a session from a sibling worker (docs/workers.md): it hears only of this worker's
-        # own namespaces and its requests are served from this worker's own sources, so a
-        # request never travels between workers twice
-        self.sibling = sibling
+        # where the session's requests may be sent on (see Reach): a sibling worker's
+        # (docs/workers.md) never back to a sibling, so a request never travels between
+        # workers twice; the upstream relay's (docs/relay.md, "Trees") only down, to this
+        # relay's own sources. Both hear only of this relay's own namespaces.
+        self.reach = reach
         self.session: MoqtSession | None = None
         self._scheduler: SessionScheduler | None = None
 
+    @property
+    def sibling(self) -> bool:
+        return self.reach is Reach.NO_SIBLINGS
+
     def _fetch_upstream(self, track: RelayTrack, start: Location, end: Location
                         ) -> Awaitable[bool]:
-        return self.relay.fetch_upstream(track, start, end, local_only=self.sibling)
+        return self.relay.fetch_upstream(track, start, end, reach=self.reach)
 
     def attach(self, session: MoqtSession) -> None:
         self.session = session
@@ -136,26 +141,49 @@ class RelayHandler(SessionHandler):
 
     # -- publishers -------------------------------------------------------------------------------
 
+    async def _downward(self, req: Any) -> bool:
+        """Publishing toward us from our upstream relay is refused: a tree announces up
+        only, so routes never loop."""
+        if self.reach is not Reach.OWN:
+            return False
+        await req.reject(RequestErrorCode.NOT_SUPPORTED, "relays announce upward only")
+        return True
+
     async def publish_namespace(self, req: IncomingPublishNamespace) -> None:
+        if await self._downward(req):
+            return
         if not self._allowed(req, Role.PUBLISH, req.namespace):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized to publish there")
             return
-        entry = PublisherEntry(req.namespace, self._sess(req))
+        session = self._sess(req)
+        entry = PublisherEntry(req.namespace, session)
         await req.accept()
         self.relay.namespaces.add_publisher(entry)
+        # a lower relay announcing: learn the namespaces it holds under the prefix
+        stop = self.relay.follow_child(session, req.namespace)
         try:
             await req.withdrawn.wait()
         finally:
+            stop()
             self.relay.namespaces.remove_publisher(entry)
 
     async def publish(self, req: IncomingPublish) -> None:
+        if await self._downward(req):
+            return
         if not self._allowed(req, Role.PUBLISH, req.namespace):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized to publish there")
             return
         track = self.relay.track(req.full_name)
         sub = await req.accept()
         self.relay.counters.inc("publish_accepted")
-        await track.ingest(sub)
+        announcer = self.relay.announcer
+        if announcer is not None:
+            announcer.add(req.namespace)  # routable from above while it is pushed here
+        try:
+            await track.ingest(sub)
+        finally:
+            if announcer is not None:
+                announcer.remove(req.namespace)
 
     # -- discovery --------------------------------------------------------------------------------
 
@@ -173,14 +201,18 @@ class RelayHandler(SessionHandler):
             return
         queue: asyncio.Queue[tuple[TrackNamespace, bool]] = asyncio.Queue()
         relay = self.relay
+        # a sibling worker hears of what this worker has but from siblings, the upstream
+        # relay of what this relay has as its own, a client of everything but its own
+        # announcements (a lower relay is not told back what it announced)
+        shows = {Reach.NO_SIBLINGS: relay.not_sibling, Reach.OWN: own_source}.get(
+            self.reach, not_from(session))
         listener = NamespaceListener(
             req.prefix, lambda ns, active: queue.put_nowait((ns, active)),
-            (lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens) and relay.has_local(ns))
-            if self.sibling else lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens), session)
+            lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens), session, shows)
         await req.accept()
         for ns in table.add_listener(listener):
             queue.put_nowait((ns, True))
-        if not self.sibling:
+        if self.reach is Reach.ALL:
             await relay.subscribe_namespace_upstream(req.prefix)
         try:
             while not req.cancelled.is_set():
@@ -211,7 +243,7 @@ class RelayHandler(SessionHandler):
             await req.reject(RequestErrorCode.DOES_NOT_EXIST, "reserved namespace")
             return
         track = relay.track(req.full_name)
-        err = await relay.ensure_upstream(track, local_only=self.sibling)
+        err = await relay.ensure_upstream(track, reach=self.reach)
         ended = err is not None and track.store.known_final(track.key) is not None
         if err is not None and not ended:
             relay.forget_if_idle(track)
@@ -378,10 +410,13 @@ class RelayHandler(SessionHandler):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         unanswered = False
-        if largest is None:
-            # Nothing cached: learn the Track from upstream (pull-through), within the
-            # request's FILL_TIMEOUT: a dead upstream must not hold the answer.
-            start, end = self._requested_bounds(lf)
+        start, end = self._requested_bounds(lf)
+        if largest is None or (start > largest and not track.live and
+                               track.store.known_final(track.key) is None):
+            # Nothing cached, or the request starts past what this relay has seen of a
+            # Track it does not follow live (an earlier FETCH taught it a Largest Object
+            # that is only a lower bound): learn the Track from its sources (pull-through),
+            # within the request's FILL_TIMEOUT: a dead upstream must not hold the answer.
             try:
                 if await asyncio.wait_for(self._fetch_upstream(track, start, end), timeout):
                     largest = track.largest()
@@ -389,16 +424,19 @@ class RelayHandler(SessionHandler):
                 unanswered = True
         if largest is None:
             relay.forget_if_idle(track)
-            err = relay.unreachable_error()
+            err = relay.unreachable_error() if self.reach is not Reach.OWN else None
             if unanswered or err is not None:
                 await self._refuse(req, RequestErrorCode.TIMEOUT, UNREACHABLE)
                 return
             await req.reject(RequestErrorCode.DOES_NOT_EXIST
-                             if not relay._sources(req.namespace) else
+                             if not relay._sources(req.namespace, self.reach) else
                              RequestErrorCode.INVALID_RANGE, "nothing published")
             return
         rng = resolve_fetch_range(lf, largest)
         if rng is None or rng.is_empty or rng.end is None:
+            if unanswered:  # what lies past our Largest Object is not known: not INVALID_RANGE
+                await self._refuse(req, RequestErrorCode.TIMEOUT, UNREACHABLE)
+                return
             await req.reject(RequestErrorCode.INVALID_RANGE, "start is past the Largest Object")
             return
         end = rng.end
@@ -482,7 +520,7 @@ class RelayHandler(SessionHandler):
         track = relay.track(req.full_name)
         err = None
         if track.largest() is None:
-            err = await relay.track_status_upstream(track, local_only=self.sibling)
+            err = await relay.track_status_upstream(track, reach=self.reach)
         largest = track.largest()
         if largest is None:
             relay.forget_if_idle(track)

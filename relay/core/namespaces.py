@@ -1,9 +1,16 @@
 """The namespace table: who publishes which Track Namespace, and who wants to hear about it.
 
 Publishers register namespaces with PUBLISH_NAMESPACE (or are learned from an upstream
-relay's NAMESPACE messages); SUBSCRIBE_NAMESPACE subscribers get NAMESPACE for every matching
-namespace present now and later, and NAMESPACE_DONE when the last publisher of it leaves
-(§7.13, §14.4). Matching is field by field (§2.7).
+relay's, a sibling worker's or a lower relay's NAMESPACE messages); SUBSCRIBE_NAMESPACE
+subscribers get NAMESPACE for every matching namespace present now and later, and
+NAMESPACE_DONE when the last source they may see of it leaves (§7.13, §14.4). Matching is
+field by field (§2.7).
+
+What a listener sees depends on the namespace *and* on its sources: a lower relay is not told
+of its own namespaces (no echo down a tree), a sibling worker or an upstream relay hears only
+of this relay's own ones (no loops). So the table keeps, per listener, what it was told, and
+re-evaluates on every change of a namespace's sources: NAMESPACE_DONE only ever follows a
+NAMESPACE, and a namespace that becomes visible later (a second source) is announced then.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from relay.moqt.primitives import TrackNamespace, namespace_matches_prefix
@@ -18,24 +26,56 @@ from relay.moqt.primitives import TrackNamespace, namespace_matches_prefix
 Visible = Callable[[TrackNamespace], bool]
 
 
+class Reach(Enum):
+    """Where a request may be sent on when the relay cannot answer it from its cache: it
+    depends on where the request came from."""
+
+    ALL = "all"  # a client's: publishers, lower relays, sibling workers, the upstream relay
+    NO_SIBLINGS = "no-siblings"  # a sibling worker's: never back to a sibling
+    # the upstream relay's (docs/relay.md, "Trees"): this relay's own sources only — its
+    # publishers, the lower relays that announced to it, its cache — never up again nor
+    # sideways, so a request travels down a tree and never loops
+    OWN = "own"
+
+
+@dataclass(eq=False)
+class PublisherEntry:
+    """One source of a namespace: a publisher session, the relay's own cache, or a relay
+    (upstream, sibling worker, lower relay) that announced it."""
+
+    namespace: TrackNamespace
+    source: Any  # the MoqtSession (or CACHE) SUBSCRIBE/FETCH are routed to
+    # learned from the upstream relay or a sibling worker: not this relay's own, so never
+    # announced to either of them (a tree has no loops)
+    upstream: bool = False
+
+
+def any_source(entry: PublisherEntry) -> bool:
+    return True
+
+
+def own_source(entry: PublisherEntry) -> bool:
+    """This relay's own: its clients' (publishers and lower relays) and its cache."""
+    return not entry.upstream
+
+
 @dataclass(eq=False)
 class NamespaceListener:
     """One SUBSCRIBE_NAMESPACE: ``notify(namespace, active)`` is called for each change;
-    ``visible`` hides namespaces outside the requester's authorized scopes."""
+    ``visible`` hides namespaces outside the requester's authorized scopes, ``shows`` the
+    sources it must not hear of (a namespace is visible while one shown source remains)."""
 
     prefix: TrackNamespace
     notify: Callable[[TrackNamespace, bool], None]
     visible: Visible = field(default=lambda ns: True)
     session: Any = None
+    shows: Callable[[PublisherEntry], bool] = any_source
+    told: set[TrackNamespace] = field(default_factory=set)  # NAMESPACE sent, no DONE yet
 
 
-@dataclass(eq=False)
-class PublisherEntry:
-    """One source of a namespace: a publisher session or an upstream relay."""
-
-    namespace: TrackNamespace
-    source: Any  # the MoqtSession (or upstream link) SUBSCRIBE/FETCH are routed to
-    upstream: bool = False
+def not_from(session: Any) -> Callable[[PublisherEntry], bool]:
+    """A client is not told of namespaces only it announced (a lower relay's own, echoed)."""
+    return lambda e: e.source is not session
 
 
 class NamespaceTable:
@@ -46,11 +86,8 @@ class NamespaceTable:
     # publishers --------------------------------------------------------------------------------
 
     def add_publisher(self, entry: PublisherEntry) -> None:
-        entries = self._publishers.setdefault(entry.namespace, [])
-        first = not entries
-        entries.append(entry)
-        if first:
-            self._notify(entry.namespace, True)
+        self._publishers.setdefault(entry.namespace, []).append(entry)
+        self._changed(entry.namespace)
 
     def remove_publisher(self, entry: PublisherEntry) -> None:
         entries = self._publishers.get(entry.namespace)
@@ -60,7 +97,7 @@ class NamespaceTable:
             entries.remove(entry)
         if not entries:
             del self._publishers[entry.namespace]
-            self._notify(entry.namespace, False)
+        self._changed(entry.namespace)
 
     def remove_source(self, source: Any) -> None:
         """Drop every namespace ``source`` published (its session closed)."""
@@ -74,7 +111,7 @@ class NamespaceTable:
         one NAMESPACE_DONE. False if nothing announced it."""
         if self._publishers.pop(namespace, None) is None:
             return False
-        self._notify(namespace, False)
+        self._changed(namespace)
         return True
 
     def publishers_for(self, namespace: TrackNamespace) -> list[PublisherEntry]:
@@ -85,6 +122,10 @@ class NamespaceTable:
         found.sort(key=lambda e: (e.upstream, -len(e.namespace)))
         return found
 
+    def sources_of(self, namespace: TrackNamespace) -> list[PublisherEntry]:
+        """The sources that announced exactly ``namespace``."""
+        return list(self._publishers.get(namespace, ()))
+
     def namespaces(self) -> Iterator[TrackNamespace]:
         return iter(list(self._publishers))
 
@@ -93,11 +134,17 @@ class NamespaceTable:
 
     # listeners ---------------------------------------------------------------------------------
 
+    def _sees(self, listener: NamespaceListener, namespace: TrackNamespace) -> bool:
+        return any(listener.shows(e) for e in self._publishers.get(namespace, ())) and \
+            listener.visible(namespace)
+
     def add_listener(self, listener: NamespaceListener) -> list[TrackNamespace]:
         """Register and return the matching namespaces present now (to announce at once)."""
         self._listeners.append(listener)
-        return [ns for ns in self._publishers
-                if namespace_matches_prefix(ns, listener.prefix) and listener.visible(ns)]
+        now = [ns for ns in self._publishers
+               if namespace_matches_prefix(ns, listener.prefix) and self._sees(listener, ns)]
+        listener.told.update(now)
+        return now
 
     def remove_listener(self, listener: NamespaceListener) -> None:
         with contextlib.suppress(ValueError):
@@ -106,7 +153,14 @@ class NamespaceTable:
     def listeners_of(self, session: Any) -> list[NamespaceListener]:
         return [x for x in self._listeners if x.session is session]
 
-    def _notify(self, namespace: TrackNamespace, active: bool) -> None:
+    def _changed(self, namespace: TrackNamespace) -> None:
         for lst in list(self._listeners):
-            if namespace_matches_prefix(namespace, lst.prefix) and lst.visible(namespace):
-                lst.notify(namespace, active)
+            if not namespace_matches_prefix(namespace, lst.prefix):
+                continue
+            sees = self._sees(lst, namespace)
+            if sees and namespace not in lst.told:
+                lst.told.add(namespace)
+                lst.notify(namespace, True)
+            elif not sees and namespace in lst.told:
+                lst.told.discard(namespace)
+                lst.notify(namespace, False)

@@ -25,6 +25,7 @@ from relay.moqt.primitives import (
     FullTrackName,
     Location,
     TrackNamespace,
+    format_namespace,
     prefixes_overlap,
 )
 from relay.session import (
@@ -45,16 +46,22 @@ from storage.interface import (
 )
 from storage.tiered import TieredStore
 
+from .announce import UpwardAnnouncer
 from .auth import Authorizer
 from .cache import stored_object
 from .handler import RelayHandler
-from .namespaces import NamespaceTable, PublisherEntry
+from .namespaces import NamespaceTable, PublisherEntry, Reach
 from .track import MarkerSpans, RelayTrack
 from .upstream import UNREACHABLE, UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
 
 CACHE = "cache"  # the namespace source of Tracks the relay itself holds in LMDB
+
+
+# What a lower relay says in SETUP (MOQT_IMPLEMENTATION): the relay it announces to then asks
+# it which namespaces it holds under each prefix it announced (SUBSCRIBE_NAMESPACE down).
+RELAY_IMPLEMENTATION = "kvcs-relay/0.1 tree"
 
 
 # The relay evaluates every Range filter on every path, so it advertises more Ranges than the
@@ -111,7 +118,8 @@ class Counters:
 class Relay:
     def __init__(self, store: TieredStore, *, options: RelayOptions | None = None,
                  authorizer: Authorizer | None = None, upstream: UpstreamLink | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, announce_fields: int = 2,
+                 upstream_token: bytes | None = None) -> None:
         self.store = store
         self.options = options or RelayOptions()
         self.auth = authorizer or Authorizer()
@@ -121,7 +129,7 @@ class Relay:
         self.counters = Counters()
         self.upstream = upstream
         self._commit_lock = asyncio.Lock()
-        self._fetches: dict[tuple[FullTrackName, Location, Location, bool],
+        self._fetches: dict[tuple[FullTrackName, Location, Location, Reach],
                             asyncio.Future[bool]] = {}
         self.siblings: set[MoqtSession] = set()  # sessions to sibling workers
         self._upstream_ns: dict[TrackNamespace, Any] = {}
@@ -135,6 +143,13 @@ class Relay:
         self._expiry_at: float | None = None
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._expiry_task: asyncio.Future[None] | None = None
+        # lower relays' sessions and the prefixes followed on each (SUBSCRIBE_NAMESPACE down)
+        self._children: dict[MoqtSession, dict[TrackNamespace, Any]] = {}
+        self.announcer: UpwardAnnouncer | None = None
+        if upstream is not None:
+            # requests the upstream relay routes down to us are answered from our own sources
+            upstream.handler_factory = lambda: RelayHandler(self, reach=Reach.OWN)
+            self.announcer = UpwardAnnouncer(self, upstream, announce_fields, upstream_token)
         durable = store.durable
         if durable is not None:
             for ns, _ in durable.tracks():
@@ -172,7 +187,7 @@ class Relay:
             self._connections -= 1
 
     async def _serve_connection(self, conn: Connection, sibling: bool = False) -> None:
-        handler = RelayHandler(self, sibling=sibling)
+        handler = RelayHandler(self, reach=Reach.NO_SIBLINGS if sibling else Reach.ALL)
         try:
             session = await MoqtSession.start(conn, self.session_config, handler)
         except (SessionFailure, TransportError) as e:
@@ -196,6 +211,7 @@ class Relay:
             log.info("session closed: code 0x%x %s", code, reason)
         finally:
             self.sessions.discard(session)
+            self._children.pop(session, None)
             self.namespaces.remove_source(session)
             for lst in self.namespaces.listeners_of(session):
                 self.namespaces.remove_listener(lst)
@@ -355,17 +371,21 @@ class Relay:
 
     # -- upstream ---------------------------------------------------------------------------------
 
-    def _sources(self, namespace: TrackNamespace, local_only: bool = False) -> list[Any]:
-        return [e.source for e in self.namespaces.publishers_for(namespace)
-                if e.source is not CACHE and not getattr(e.source, "closed", False)
-                and not (local_only and e.source in self.siblings)]
+    def _sources(self, namespace: TrackNamespace, reach: Reach = Reach.ALL) -> list[Any]:
+        found: list[Any] = []
+        for e in self.namespaces.publishers_for(namespace):
+            src = e.source
+            if src is CACHE or getattr(src, "closed", False) or src in found:
+                continue
+            if (reach is Reach.OWN and e.upstream) or \
+                    (reach is Reach.NO_SIBLINGS and src in self.siblings):
+                continue
+            found.append(src)
+        return found
 
-    def has_local(self, namespace: TrackNamespace) -> bool:
-        """A publisher on this worker, or this worker's cache, holds ``namespace`` (not only
-        a sibling worker: what a sibling may learn from this one)."""
-        return any(e.source not in self.siblings
-                   for e in self.namespaces.publishers_for(namespace)
-                   if e.namespace == namespace)
+    def not_sibling(self, entry: PublisherEntry) -> bool:
+        """What a sibling worker may learn from this one: not what it learned from a sibling."""
+        return entry.source not in self.siblings
 
     async def handle_sibling_connection(self, conn: Connection) -> None:
         """The transport handler of the sibling listener (docs/workers.md)."""
@@ -388,21 +408,28 @@ class Relay:
             return None
         return await self.upstream.get()
 
-    async def _all_sources(self, track: RelayTrack, local_only: bool = False
+    async def _all_sources(self, track: RelayTrack, reach: Reach = Reach.ALL
                            ) -> list[MoqtSession]:
-        """Where to ask for ``track``: its live publishers (not through a sibling worker
-        if ``local_only``), then the upstream relay."""
-        sources: list[MoqtSession] = list(self._sources(track.full_name.namespace,
-                                                        local_only))
+        """Where to ask for ``track``: its live publishers and lower relays (as ``reach``
+        allows), then the upstream relay (unless the request came from it)."""
+        sources: list[MoqtSession] = list(self._sources(track.full_name.namespace, reach))
+        if reach is Reach.OWN:
+            return sources
         up = await self._upstream_session()
         if up is not None and up not in sources:
             sources.append(up)
         return sources
 
-    async def ensure_upstream(self, track: RelayTrack, *, local_only: bool = False
+    def _nowhere(self, reach: Reach) -> RequestRejected:
+        """The refusal when no source may be asked: TIMEOUT while an upstream that could
+        know is unreachable, else DOES_NOT_EXIST."""
+        err = self.unreachable_error() if reach is not Reach.OWN else None
+        return err or RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
+
+    async def ensure_upstream(self, track: RelayTrack, *, reach: Reach = Reach.ALL
                               ) -> RequestRejected | None:
-        """One upstream subscription per Track (§14.4): reuse or establish it.
-        ``local_only``: not through a sibling worker (the request came from one)."""
+        """One upstream subscription per Track (§14.4): reuse or establish it, from the
+        sources ``reach`` allows."""
         while track.establishing is not None:
             await asyncio.shield(track.establishing)
         if track.live:
@@ -411,10 +438,9 @@ class Relay:
         track.establishing = fut
         last: RequestRejected | None = None
         try:
-            sources = await self._all_sources(track, local_only)
+            sources = await self._all_sources(track, reach)
             if not sources:
-                return self.unreachable_error() or \
-                    RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
+                return self._nowhere(reach)
             cold = track.largest() is None
             # our own choices, explicit so the upstream's defaults cannot change how we decode
             params = Params(location_filter=LocationFilter.next_object(), forward=True,
@@ -457,10 +483,10 @@ class Relay:
         return RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
 
     async def fetch_upstream(self, track: RelayTrack, start: Location, end: Location, *,
-                             local_only: bool = False) -> bool:
+                             reach: Reach = Reach.ALL) -> bool:
         """Upstream FETCH of [start, end] into the cache; concurrent identical misses share
-        one request (§14.7, coalescing). ``local_only``: see :meth:`ensure_upstream`."""
-        key = (track.full_name, start, end, local_only)
+        one request (§14.7, coalescing). ``reach``: see :meth:`ensure_upstream`."""
+        key = (track.full_name, start, end, reach)
         pending = self._fetches.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
@@ -468,15 +494,15 @@ class Relay:
         self._fetches[key] = fut
         ok = False
         try:
-            ok = await self._do_fetch(track, start, end, local_only)
+            ok = await self._do_fetch(track, start, end, reach)
         finally:
             del self._fetches[key]
             fut.set_result(ok)
         return ok
 
     async def _do_fetch(self, track: RelayTrack, start: Location, end: Location,
-                        local_only: bool = False) -> bool:
-        sources = await self._all_sources(track, local_only)
+                        reach: Reach = Reach.ALL) -> bool:
+        sources = await self._all_sources(track, reach)
         # Open-ended and whole-Group ends use the filters made for them (some peers reject
         # an explicit End Object of 2^64-1).
         if end.group == OBJECT_MAX and end.object == OBJECT_MAX:
@@ -522,13 +548,13 @@ class Relay:
                 log.info("upstream FETCH for %r failed: %s", track, e)
         return False
 
-    async def track_status_upstream(self, track: RelayTrack, local_only: bool = False
+    async def track_status_upstream(self, track: RelayTrack, reach: Reach = Reach.ALL
                                     ) -> RequestRejected | None:
         """TRACK_STATUS forwarded to the Track's publishers / upstream relay, bounded by the
         default FILL_TIMEOUT; what it learns (Largest Object, Track Properties) is kept.
         Returns the refusal to give when no source answered because of an outage."""
-        err = self.unreachable_error()
-        for src in await self._all_sources(track, local_only):
+        err = self.unreachable_error() if reach is not Reach.OWN else None
+        for src in await self._all_sources(track, reach):
             try:
                 ok = await asyncio.wait_for(
                     src.track_status(track.full_name.namespace, track.full_name.name),
@@ -574,14 +600,50 @@ class Relay:
         finally:
             self._upstream_ns.pop(prefix, None)
 
-    async def _follow_namespaces(self, nsub: Any, source: MoqtSession) -> None:
+    def follow_child(self, session: MoqtSession, prefix: TrackNamespace
+                     ) -> Callable[[], None]:
+        """A lower relay announced ``prefix`` (one PUBLISH_NAMESPACE per prefix, however
+        many publications under it): ask it which namespaces it holds there
+        (SUBSCRIBE_NAMESPACE down that session), so discovery anywhere in the tree finds
+        them. They are this relay's own namespaces (announced further up, and requests
+        for them routed down). Returns what stops following (the announcement ended)."""
+        setup = session.peer_setup
+        followed = self._children.setdefault(session, {})
+        if setup is None or setup.moqt_implementation != RELAY_IMPLEMENTATION or \
+                any(prefixes_overlap(p, prefix) for p in followed):
+            return lambda: None
+        task = session.spawn(self._follow_child(session, prefix), "child-namespaces")
+        followed[prefix] = task
+
+        def stop() -> None:
+            if followed.get(prefix) is task:
+                del followed[prefix]
+                task.cancel()
+        return stop
+
+    async def _follow_child(self, session: MoqtSession, prefix: TrackNamespace) -> None:
+        try:
+            nsub = await asyncio.wait_for(session.subscribe_namespace(prefix),
+                                          self.options.default_fill_timeout)
+        except (RequestRejected, SessionFailure, TransportError, TimeoutError) as e:
+            log.info("lower relay's namespaces under %s not followed: %s",
+                     format_namespace(prefix), e or "no answer in time")
+            return
+        try:
+            await self._follow_namespaces(nsub, session, upstream=False)
+        finally:
+            nsub.cancel()
+
+    async def _follow_namespaces(self, nsub: Any, source: MoqtSession, *,
+                                 upstream: bool = True) -> None:
         """What a namespace subscription to ``source`` announces is routable there, until
-        withdrawn or the subscription ends."""
+        withdrawn or the subscription ends. ``upstream``: learned from the upstream relay or
+        a sibling worker (not this relay's own, see PublisherEntry)."""
         entries: dict[TrackNamespace, PublisherEntry] = {}
         try:
             async for ev in nsub:
                 if ev.active:
-                    e = PublisherEntry(ev.namespace, source, upstream=True)
+                    e = PublisherEntry(ev.namespace, source, upstream=upstream)
                     entries[ev.namespace] = e
                     self.namespaces.add_publisher(e)
                 else:
@@ -618,6 +680,8 @@ class Relay:
             await asyncio.wait(pending, timeout=5.0)
         for s in list(self.sessions):
             s.close(SessionErrorCode.NO_ERROR, "relay shutting down")
+        if self.announcer is not None:
+            await self.announcer.close()
         if self.upstream is not None:
             await self.upstream.close()
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from relay.session import MoqtSession, SessionConfig, SessionHandler, open_session
 from relay.session.errors import SessionFailure
@@ -37,6 +37,9 @@ class UpstreamLink:
         self.config = config
         self.settings = settings
         self.handler = handler
+        # a handler per session for what the upstream asks of us (set by the Relay: requests
+        # routed down the tree); ``handler`` is used when unset
+        self.handler_factory: Callable[[], SessionHandler] | None = None
         self.ca_file = ca_file
         self.insecure = insecure
         self.dial_timeout = dial_timeout
@@ -91,14 +94,18 @@ class UpstreamLink:
     async def _dial(self) -> MoqtSession | None:
         loop = asyncio.get_running_loop()
         for url in self.urls:
+            handler = self.handler_factory() if self.handler_factory else self.handler
             try:
                 session = await asyncio.wait_for(open_session(
-                    url, config=self.config, handler=self.handler, settings=self.settings,
+                    url, config=self.config, handler=handler, settings=self.settings,
                     ca_file=self.ca_file, insecure=self.insecure), self.dial_timeout)
             except (TransportError, SessionFailure, OSError, TimeoutError) as e:
                 log.warning("upstream relay %s unreachable: %s", url, e or type(e).__name__)
                 continue
             log.info("connected to upstream relay %s", url)
+            attach = getattr(handler, "attach", None)
+            if attach is not None:
+                attach(session)
             self._session = session
             self._backoff = 0.0
             self.connects += 1

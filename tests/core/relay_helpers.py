@@ -40,12 +40,14 @@ async def relay_at(data_dir: Path, *, upstream: Sequence[str] = (), port: int = 
                    auth_tokens: list[dict[str, object]] | None = None,
                    send_buffer_bytes: int = 1 << 20, lmdb_bytes: int = 256 << 20,
                    lmdb_max_age: float | None = None,
-                   clock: Callable[[], float] = time.time) -> RunningRelay:
+                   clock: Callable[[], float] = time.time, upstream_token: bytes | None = None,
+                   upstream_announce_fields: int = 2) -> RunningRelay:
     cfg = RelayConfig(send_buffer_bytes=send_buffer_bytes, listen_port=port,
                       data_dir=data_dir, upstream=list(upstream), upstream_insecure=True,
                       memory_bytes=memory_bytes, lmdb_max_age=lmdb_max_age, clock=clock,
                       lmdb_bytes=lmdb_bytes, options=options or RelayOptions(),
-                      auth_tokens=auth_tokens or [])
+                      auth_tokens=auth_tokens or [], upstream_token=upstream_token,
+                      upstream_announce_fields=upstream_announce_fields)
     return await start_relay(cfg)
 
 

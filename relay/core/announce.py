@@ -1,0 +1,198 @@
+"""Announcing upward (MOQT-PROFILE §14.4 row "Announcing upward"; docs/relay.md, "Trees").
+
+A relay with an upstream tells it what this relay itself can serve, so a Track published at
+any relay of a tree is routable from every other: the namespaces its own clients announced
+(publishers, and lower relays announcing to it in turn), the Tracks its publishers push with
+PUBLISH, and the namespaces of the complete Tracks it holds in LMDB (also after a restart).
+Never what it learned from its upstream or from a sibling worker: a tree has no loops.
+
+Aggregated by prefix: one PUBLISH_NAMESPACE per distinct first ``fields`` fields of those
+namespaces (2 by default: ``("kvcs-1", Scope ID)``, the granularity of the tokens that
+authorize it), however many publications and sources lie under it. Each announcement holds
+a request stream open for its lifetime and QUIC bounds concurrent streams per session (qh3:
+100), so one per namespace could not carry a relay holding thousands of publications. The
+upstream then asks for the namespaces under each prefix (SUBSCRIBE_NAMESPACE down the same
+session, answered from this relay's own sources): one stream carries them all.
+
+The announcement ends (its request stream cancelled) when the last source under the prefix
+goes: publisher gone, purge, eviction, expiry. After the upstream session is lost, or
+replaced by the next ``--upstream`` URL, everything is announced again on the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from typing import TYPE_CHECKING, Any
+
+from relay.moqt.codes import RequestErrorCode
+from relay.moqt.primitives import TrackNamespace, format_namespace
+from relay.session import MoqtSession, RequestRejected
+from relay.session.errors import SessionFailure
+from relay.transport import TransportError
+
+from .auth import Role
+from .namespaces import NamespaceListener, own_source
+
+if TYPE_CHECKING:
+    from .relay import Relay
+    from .upstream import UpstreamLink
+
+log = logging.getLogger("kvcs.relay")
+
+
+class _Pending:
+    """A PUBLISH_NAMESPACE sent and not yet answered (its identity tells attempts apart)."""
+
+
+class UpwardAnnouncer:
+    def __init__(self, relay: Relay, link: UpstreamLink, fields: int,
+                 token: bytes | None) -> None:
+        self.relay = relay
+        self.link = link
+        self.fields = fields  # 0: announce whole namespaces
+        self.token = token
+        self._wanted: dict[TrackNamespace, int] = {}  # prefix -> own namespaces under it
+        # what the current session carries: the accepted announcement, or one in flight
+        self._sent: dict[TrackNamespace, Any] = {}
+        self._refused: set[TrackNamespace] = set()  # on the current session: not again
+        self._session: MoqtSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.listener = NamespaceListener((), self._on_namespace, shows=own_source)
+        for ns in relay.namespaces.add_listener(self.listener):
+            self.add(ns)
+
+    # -- what there is to announce ----------------------------------------------------------------
+
+    def prefix_of(self, namespace: TrackNamespace) -> TrackNamespace:
+        return namespace[:self.fields] if self.fields else namespace
+
+    def _on_namespace(self, namespace: TrackNamespace, active: bool) -> None:
+        if active:
+            self.add(namespace)
+        else:
+            self.remove(namespace)
+
+    def add(self, namespace: TrackNamespace) -> None:
+        """One more own source under ``namespace``'s prefix (a namespace, or a Track a
+        publisher pushes with PUBLISH)."""
+        p = self.prefix_of(namespace)
+        n = self._wanted.get(p, 0)
+        self._wanted[p] = n + 1
+        if n == 0:
+            self._changed(p)
+
+    def remove(self, namespace: TrackNamespace) -> None:
+        p = self.prefix_of(namespace)
+        n = self._wanted.get(p, 0)
+        if n > 1:
+            self._wanted[p] = n - 1
+        elif n == 1:
+            del self._wanted[p]
+            self._changed(p)
+
+    @property
+    def announced(self) -> list[TrackNamespace]:
+        """The prefixes the upstream accepted on the current session."""
+        return [p for p, h in self._sent.items() if not isinstance(h, _Pending)]
+
+    def covered(self, prefix: TrackNamespace) -> bool:
+        """May our upstream token publish there? Known when this relay's own token table
+        holds that token (one table for a whole tree); otherwise the upstream decides, and
+        a refusal is remembered for the session."""
+        grants = self.relay.auth.grants
+        if self.token is None or not any(hmac.compare_digest(g.token, self.token)
+                                         for g in grants):
+            return True
+        return self.relay.auth.allows(Role.PUBLISH, prefix, [self.token])
+
+    # -- the upstream session ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Keep a session to the upstream while there is something to announce (called
+        once the event loop runs; changes start it too)."""
+        if self._task is None and self._wanted and not self._closing:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # built outside an event loop (a tool): nothing to announce to
+            self._task = loop.create_task(self._run())
+
+    def _changed(self, prefix: TrackNamespace) -> None:
+        session = self._session
+        if session is None or session.closed:
+            self.start()
+            return
+        if prefix in self._wanted:
+            if prefix not in self._sent and prefix not in self._refused:
+                self._announce(session, prefix)
+            return
+        handle = self._sent.pop(prefix, None)
+        if handle is not None and not isinstance(handle, _Pending):
+            handle.withdraw()
+            log.info("withdrawn from the upstream relay: %s", format_namespace(prefix))
+
+    async def _run(self) -> None:
+        try:
+            while self._wanted and not self._closing:
+                session = await self.link.get(wait=True)
+                if session is None:
+                    continue  # dial failed: get(wait=True) sleeps out the link's backoff
+                self._session = session
+                self._sent.clear()
+                self._refused.clear()
+                for p in list(self._wanted):
+                    self._announce(session, p)
+                await session.wait_closed()
+                self._session = None
+        finally:
+            self._task = None
+
+    def _announce(self, session: MoqtSession, prefix: TrackNamespace) -> None:
+        if not self.covered(prefix):
+            if prefix not in self._refused:
+                self._refused.add(prefix)
+                self.relay.counters.inc("upstream_announcements_uncovered")
+                log.info("not announced upstream (the upstream token does not cover it): %s",
+                         format_namespace(prefix))
+            return
+        pending = _Pending()
+        self._sent[prefix] = pending
+        session.spawn(self._send(session, prefix, pending), "announce-up")
+
+    async def _send(self, session: MoqtSession, prefix: TrackNamespace,
+                    pending: _Pending) -> None:
+        try:
+            handle = await asyncio.wait_for(session.publish_namespace(prefix),
+                                            self.relay.options.default_fill_timeout)
+        except RequestRejected as e:
+            if self._sent.get(prefix) is pending:
+                del self._sent[prefix]
+                if e.code == RequestErrorCode.UNAUTHORIZED:
+                    self._refused.add(prefix)  # not asked again on this session
+            self.relay.counters.inc("upstream_announcements_refused")
+            log.warning("upstream relay refused the announcement of %s: %s (0x%x); it is "
+                        "served here only", format_namespace(prefix), e.reason, e.code)
+            return
+        except (SessionFailure, TransportError, TimeoutError) as e:
+            if self._sent.get(prefix) is pending:
+                del self._sent[prefix]
+            log.info("announcement of %s upstream failed: %s", format_namespace(prefix),
+                     e or "no answer in time")
+            return
+        if self._sent.get(prefix) is not pending or session is not self._session:
+            handle.withdraw()  # no longer wanted, or the session was replaced meanwhile
+            return
+        self._sent[prefix] = handle
+        self.relay.counters.inc("upstream_announcements")
+        log.info("announced to the upstream relay: %s", format_namespace(prefix))
+
+    async def close(self) -> None:
+        self._closing = True
+        self.relay.namespaces.remove_listener(self.listener)
+        task = self._task
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

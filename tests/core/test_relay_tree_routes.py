@@ -1,0 +1,220 @@
+"""Relay trees that route both ways (MOQT-PROFILE §14.4 "Announcing upward", docs/relay.md
+"Trees"): a Track published at any relay is found and served from every other, cached at
+every hop, and nothing loops."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from relay_helpers import (
+    TIMEOUT,
+    PushedTrack,
+    client,
+    drain,
+    fetch_objects,
+    group_payloads,
+    live_params,
+    make_ns,
+    push_track,
+    relay_at,
+)
+
+from relay.core.namespaces import PublisherEntry
+from relay.moqt.codes import RequestErrorCode
+from relay.moqt.primitives import FullTrackName, TrackNamespace
+from relay.service import RunningRelay
+from relay.session import MoqtSession, NamespaceEvent, RequestRejected
+
+
+async def until_namespace(session: MoqtSession, prefix: TrackNamespace,
+                          namespace: TrackNamespace) -> AsyncIterator[NamespaceEvent]:
+    """SUBSCRIBE_NAMESPACE on ``prefix`` and read until ``namespace`` is announced; the
+    event iterator, for what comes next."""
+    nsub = await asyncio.wait_for(session.subscribe_namespace(prefix), TIMEOUT)
+    events = aiter(nsub)
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            ev = await anext(events)
+            if ev.active and ev.namespace == namespace:
+                return events
+
+
+def requests_served(r: RunningRelay) -> int:
+    """Every request a relay answered for its clients (lower relays included)."""
+    return sum(v for k, v in r.relay.counters.values.items() if k.startswith("request_"))
+
+
+def sources(r: RunningRelay, ns: TrackNamespace) -> list[PublisherEntry]:
+    return r.relay.namespaces.sources_of(ns)
+
+
+async def test_depth_three_tree_serves_a_publication_at_a_leaf_everywhere(
+        tmp_path: Path) -> None:
+    # R at the root; M under R; A under M; B under R; publisher at A
+    r = await relay_at(tmp_path / "r")
+    m = await relay_at(tmp_path / "m", upstream=[r.url])
+    a = await relay_at(tmp_path / "a", upstream=[m.url])
+    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    relays = [a, m, r, b]
+    ns = make_ns()
+    k, v = FullTrackName(ns, b"k.raw.s0"), FullTrackName(ns, b"v.raw.s0")
+    try:
+        pub = await client(a)
+        tracks: list[PushedTrack] = [await push_track(pub, k, layers=4),
+                                     await push_track(pub, v, layers=4, announce=False)]
+        for g in (0, 1):
+            for t in tracks:
+                await t.group(g, group_payloads(g, 3))
+
+        # discovery: every relay of the tree finds the publication
+        for x in relays:
+            await until_namespace(await client(x), ns[:4], ns)
+        # the root learned the namespace from M, M from A, each as its own (announced up)
+        assert [e.upstream for e in sources(r, ns)] == [False]
+        assert [e.upstream for e in sources(m, ns)] == [False]
+
+        # a live subscription at B joined mid-production gets the past (fill) and the rest
+        sb = await client(b)
+        sub = await asyncio.wait_for(sb.subscribe(k.namespace, k.name, live_params()),
+                                     TIMEOUT)
+        for g in (2, 3):
+            for t in tracks:
+                await t.group(g, group_payloads(g, 3))
+        for t in tracks:
+            await t.end()
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        assert got.objects == tracks[0].sent and got.duplicates == []
+
+        # FETCH at every relay, bit for bit, from what the tree cached
+        for x in (r, m, b):
+            c = await client(x)
+            for t in tracks:
+                _resp, objects = await fetch_objects(c, t.full_name)
+                assert objects == t.sent, (x.url, t.full_name.name)
+
+        # nothing goes back to A once the tree holds it: a second consumer at B is served
+        # by B, a consumer at a fourth relay D by R
+        d = await relay_at(tmp_path / "d", upstream=[r.url])
+        relays.append(d)
+        at_a, at_m = requests_served(a), requests_served(m)
+        at_r = requests_served(r)
+        b_up = b.relay.counters.get("upstream_fetches")
+        for x in (b, d):
+            c = await client(x)
+            for t in tracks:
+                _resp, objects = await fetch_objects(c, t.full_name)
+                assert objects == t.sent
+        assert b.relay.counters.get("upstream_fetches") == b_up
+        assert requests_served(a) == at_a and requests_served(m) == at_m
+        assert requests_served(r) > at_r  # D's requests were R's to answer
+    finally:
+        for x in reversed(relays):
+            await x.close()
+
+
+async def test_a_restarted_leaf_announces_its_lmdb_tracks_to_a_new_root(
+        tmp_path: Path) -> None:
+    r = await relay_at(tmp_path / "r")
+    a = await relay_at(tmp_path / "a", upstream=[r.url])
+    name = FullTrackName(make_ns(), b"kv.raw.s0")
+    try:
+        pub = await client(a)
+        t = await push_track(pub, name, layers=3)
+        for g in range(3):
+            await t.group(g, group_payloads(g, 4))
+        await t.end()
+        assert await a.relay.wait_committed(name, TIMEOUT)
+        await pub.aclose()
+    finally:
+        await a.close()
+        await r.close()
+    # a new root that never saw it, A restarted under it, B beside: A's LMDB is announced
+    r2 = await relay_at(tmp_path / "r2")
+    a2 = await relay_at(tmp_path / "a", upstream=[r2.url])
+    b = await relay_at(tmp_path / "b", upstream=[r2.url])
+    try:
+        c = await client(b)
+        await until_namespace(c, name.namespace[:4], name.namespace)
+        _resp, got = await fetch_objects(c, name)
+        assert got == t.sent
+        assert a2.relay.counters.get("lmdb_committed_tracks") == 0  # served from A's LMDB
+        assert a2.relay.counters.get("fetch_objects_lmdb") > 0
+    finally:
+        await b.close()
+        await a2.close()
+        await r2.close()
+
+
+async def test_announcements_never_loop_or_echo(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path / "r")
+    a = await relay_at(tmp_path / "a", upstream=[r.url])
+    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    ns_a, ns_b = make_ns(), make_ns()
+    try:
+        # a consumer at each of A and B subscribes to both prefixes: each relay then holds
+        # an upstream namespace subscription at R covering the other's namespace and its own
+        pa, pb = await client(a), await client(b)
+        await asyncio.wait_for(pa.publish_namespace(ns_a), TIMEOUT)
+        await asyncio.wait_for(pb.publish_namespace(ns_b), TIMEOUT)
+        ca, cb = await client(a), await client(b)
+        await until_namespace(ca, (b"kvcs-1",), ns_b)
+        await until_namespace(cb, (b"kvcs-1",), ns_a)
+        # the root holds each namespace once, from the relay it was published at
+        assert [(e.source in r.relay.sessions, e.upstream) for e in sources(r, ns_a)] == \
+            [(True, False)]
+        assert len(sources(r, ns_b)) == 1
+        # what A learned from R is not its own, and R never told A of A's own namespace
+        assert [e.upstream for e in sources(a, ns_b)] == [True]
+        assert [e.upstream for e in sources(a, ns_a)] == [False]
+        # nothing learned from above went up again: one announcement per relay (its scope)
+        for x in (a, b):
+            assert x.relay.announcer is not None
+            assert x.relay.announcer.announced == [x is a and ns_a[:2] or ns_b[:2]]
+        assert r.relay.announcer is None
+
+        # a request for a Track nobody publishes under A's namespace travels B -> R -> A
+        # once and ends DOES_NOT_EXIST: A answers from its own sources, never back up
+        before_r = r.relay.counters.get("upstream_subscriptions")
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(cb.subscribe(ns_a, b"k.raw.s9", live_params()), TIMEOUT)
+        assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
+        assert a.relay.counters.get("request_SUBSCRIBE_%d" % RequestErrorCode.DOES_NOT_EXIST) \
+            == 1
+        assert a.relay.counters.get("upstream_subscriptions") == 0
+        assert r.relay.counters.get("upstream_subscriptions") == before_r
+    finally:
+        for x in (b, a, r):
+            await x.close()
+
+
+async def test_withdrawn_at_the_leaf_is_withdrawn_everywhere(tmp_path: Path) -> None:
+    r = await relay_at(tmp_path / "r")
+    a = await relay_at(tmp_path / "a", upstream=[r.url])
+    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    ns1 = make_ns()
+    ns2 = (*ns1[:4], b"second")  # same scope and anchor: one announcement carries both
+    try:
+        p1, p2 = await client(a), await client(a)
+        await asyncio.wait_for(p1.publish_namespace(ns1), TIMEOUT)
+        h2 = await asyncio.wait_for(p2.publish_namespace(ns2), TIMEOUT)
+        events = await until_namespace(await client(b), ns1[:4], ns1)
+        assert a.relay.announcer is not None
+        async with asyncio.timeout(TIMEOUT):
+            while (ev := await anext(events)).namespace != ns2:
+                pass
+            assert ev.active
+            assert a.relay.announcer.announced == [ns1[:2]]  # aggregated: one for both
+            h2.withdraw()
+            ev = await anext(events)
+            assert (ev.namespace, ev.active) == (ns2, False)
+            await p1.aclose()  # the last source under the prefix: the announcement ends
+            ev = await anext(events)
+            assert (ev.namespace, ev.active) == (ns1, False)
+            assert a.relay.announcer.announced == []
+    finally:
+        for x in (b, a, r):
+            await x.close()

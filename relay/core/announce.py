@@ -24,10 +24,16 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from relay.moqt.codes import RequestErrorCode
-from relay.moqt.primitives import TrackNamespace, format_namespace
+from relay.moqt.primitives import (
+    TrackNamespace,
+    format_namespace,
+    namespace_matches_prefix,
+    prefixes_overlap,
+)
 from relay.session import MoqtSession, RequestRejected
 from relay.session.errors import SessionFailure
 from relay.transport import TransportError
@@ -107,6 +113,10 @@ class UpwardAnnouncer:
                                          for g in grants):
             return True
         return self.relay.auth.allows(Role.PUBLISH, prefix, [self.token])
+
+    def offered(self, namespace: TrackNamespace) -> bool:
+        """Under a prefix announced (or being announced) on the current session."""
+        return any(namespace_matches_prefix(namespace, p) for p in self._sent)
 
     # -- the upstream session ---------------------------------------------------------------------
 
@@ -196,3 +206,21 @@ class UpwardAnnouncer:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+class AnnouncedAuthority:
+    """What the upstream relay may ask of us (requests routed down our upstream session):
+    what we announced to it. It authorized its own clients per scope before routing their
+    requests down, and sends no tokens of its own; this relay chose to trust it by dialling
+    it (and verifying its certificate)."""
+
+    def __init__(self, announcer: UpwardAnnouncer | None) -> None:
+        self.announcer = announcer
+
+    def allows(self, role: Role, namespace: TrackNamespace, tokens: Iterable[bytes]) -> bool:
+        return self.announcer is not None and self.announcer.offered(namespace)
+
+    def allows_prefix(self, role: Role, prefix: TrackNamespace, tokens: Iterable[bytes]
+                      ) -> bool:
+        return self.announcer is not None and \
+            any(prefixes_overlap(prefix, p) for p in self.announcer._sent)

@@ -47,7 +47,8 @@ from relay.transport import TransportError
 from storage.interface import OBJECT_MAX, Tier
 
 from . import cache
-from .auth import Role, token_values
+from .announce import AnnouncedAuthority
+from .auth import Authorizer, Role, token_values
 from .cache import relay_location
 from .forwarder import Forwarder
 from .namespaces import NamespaceListener, PublisherEntry, Reach, not_from, own_source
@@ -133,8 +134,15 @@ class RelayHandler(SessionHandler):
                         format_full_track_name(*req.full_name))
         await req.reject(code, reason)
 
+    @property
+    def auth(self) -> Authorizer | AnnouncedAuthority:
+        """Who may ask what here: tokens, or for the upstream relay what we announced."""
+        if self.reach is Reach.OWN:
+            return AnnouncedAuthority(self.relay.announcer)
+        return self.relay.auth
+
     def _allowed(self, req: Any, role: Role, namespace: TrackNamespace) -> bool:
-        ok = self.relay.auth.allows(role, namespace, _tokens(self._sess(req), req.params))
+        ok = self.auth.allows(role, namespace, _tokens(self._sess(req), req.params))
         if not ok:
             self.relay.counters.inc("auth_failures")
         return ok
@@ -190,7 +198,7 @@ class RelayHandler(SessionHandler):
     async def subscribe_namespace(self, req: IncomingSubscribeNamespace) -> None:
         session = self._sess(req)
         tokens = _tokens(session, req.params)
-        auth = self.relay.auth
+        auth = self.auth
         if not auth.allows_prefix(Role.SUBSCRIBE, req.prefix, tokens):
             self.relay.counters.inc("auth_failures")
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that prefix")

@@ -22,11 +22,13 @@ from relay_helpers import (
     relay_at,
 )
 
+from relay.core.auth import tokens_of
 from relay.core.namespaces import PublisherEntry
+from relay.core.relay import RELAY_IMPLEMENTATION
 from relay.moqt.codes import RequestErrorCode
 from relay.moqt.primitives import FullTrackName, TrackNamespace
 from relay.service import RunningRelay
-from relay.session import MoqtSession, NamespaceEvent, RequestRejected
+from relay.session import MoqtSession, NamespaceEvent, RequestRejected, SessionConfig
 
 
 async def until_namespace(session: MoqtSession, prefix: TrackNamespace,
@@ -173,7 +175,7 @@ async def test_announcements_never_loop_or_echo(tmp_path: Path) -> None:
         # nothing learned from above went up again: one announcement per relay (its scope)
         for x in (a, b):
             assert x.relay.announcer is not None
-            assert x.relay.announcer.announced == [x is a and ns_a[:2] or ns_b[:2]]
+            assert x.relay.announcer.announced == [(x is a and ns_a[:2]) or ns_b[:2]]
         assert r.relay.announcer is None
 
         # a request for a Track nobody publishes under A's namespace travels B -> R -> A
@@ -182,8 +184,8 @@ async def test_announcements_never_loop_or_echo(tmp_path: Path) -> None:
         with pytest.raises(RequestRejected) as e:
             await asyncio.wait_for(cb.subscribe(ns_a, b"k.raw.s9", live_params()), TIMEOUT)
         assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
-        assert a.relay.counters.get("request_SUBSCRIBE_%d" % RequestErrorCode.DOES_NOT_EXIST) \
-            == 1
+        refused = f"request_SUBSCRIBE_{RequestErrorCode.DOES_NOT_EXIST:d}"
+        assert a.relay.counters.get(refused) == 1
         assert a.relay.counters.get("upstream_subscriptions") == 0
         assert r.relay.counters.get("upstream_subscriptions") == before_r
     finally:
@@ -215,6 +217,73 @@ async def test_withdrawn_at_the_leaf_is_withdrawn_everywhere(tmp_path: Path) -> 
             ev = await anext(events)
             assert (ev.namespace, ev.active) == (ns1, False)
             assert a.relay.announcer.announced == []
+    finally:
+        for x in (b, a, r):
+            await x.close()
+
+
+@pytest.mark.parametrize("leaf_knows_token", [False, True])
+async def test_announcing_up_is_authorized_per_scope(tmp_path: Path,
+                                                     leaf_knows_token: bool) -> None:
+    """The lower relay's --upstream-token needs `publish` for what it announces. A refused
+    scope is counted, stays served at the lower relay, and breaks nothing else; a lower
+    relay whose own token table holds that token never announces a scope it does not
+    cover."""
+    covered, other = make_ns(), make_ns()
+    grants: list[dict[str, object]] = [
+        {"token": "relay-a", "prefixes": [f"kvcs-1/hex:{covered[1].hex()}"],
+         "roles": ["publish", "subscribe"]},
+        {"token": "relay-b", "prefixes": ["kvcs-1"], "roles": ["subscribe"]}]
+    r = await relay_at(tmp_path / "r", auth_tokens=grants)
+    # A's own table: the tree's, plus its publishers' token
+    own = [*grants, {"token": "pub", "prefixes": ["kvcs-1"], "roles": ["publish", "subscribe"]}]
+    a = await relay_at(tmp_path / "a", upstream=[r.url], upstream_token=b"relay-a",
+                       auth_tokens=own if leaf_knows_token else None)
+    b = await relay_at(tmp_path / "b", upstream=[r.url], upstream_token=b"relay-b")
+    token = {"config": SessionConfig(authorization_tokens=tokens_of(b"pub"))} \
+        if leaf_knows_token else {}
+    try:
+        pub = await client(a, **token)
+        names = [FullTrackName(ns, b"kv.raw.s0") for ns in (other, covered)]
+        tracks = [await push_track(pub, n, layers=1) for n in names]
+        for t in tracks:
+            await t.group(0, group_payloads(0, 2))
+            await t.end()
+        c = await client(b)
+        await until_namespace(c, covered[:4], covered)
+        _resp, got = await fetch_objects(c, names[1])
+        assert got == tracks[1].sent
+        counters = a.relay.counters
+        async with asyncio.timeout(TIMEOUT):
+            while counters.get("upstream_announcements_refused") + \
+                    counters.get("upstream_announcements_uncovered") == 0:
+                await asyncio.sleep(0)
+        if leaf_knows_token:  # decided at A: never sent
+            assert counters.get("upstream_announcements_uncovered") == 1
+            assert counters.get("upstream_announcements_refused") == 0
+            assert r.relay.counters.get("auth_failures") == 0
+        else:  # decided at R: refused, counted at both ends
+            assert counters.get("upstream_announcements_refused") == 1
+            assert r.relay.counters.get("auth_failures") >= 1
+        assert a.relay.announcer is not None
+        assert a.relay.announcer.announced == [covered[:2]]
+        # the refused scope is served where it was published, and unknown above
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(other, b"kv.raw.s0"), TIMEOUT)
+        assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
+        _resp, got = await fetch_objects(await client(a, **token), names[0])
+        assert got == tracks[0].sent
+        # and the upstream may ask A only for what A announced to it
+        [entry] = sources(r, covered[:2])  # A's announcement, on A's upstream session
+        down = entry.source
+        assert down.peer_setup.moqt_implementation == RELAY_IMPLEMENTATION
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(down.fetch(other, b"kv.raw.s0"), TIMEOUT)
+        assert e.value.code == RequestErrorCode.UNAUTHORIZED
+        _resp, got = await fetch_objects(down, names[1])
+        assert got == tracks[1].sent
+        up = a.relay.upstream
+        assert up is not None and up.connects == 1 and up.lost == 0
     finally:
         for x in (b, a, r):
             await x.close()

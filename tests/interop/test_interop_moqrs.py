@@ -373,3 +373,38 @@ async def test_kvcs_subscriber_fill_pulls_history_from_a_moqrs_publisher(
         await r.close()
     assert got.duplicates == []
     assert by_group(got.objects) == sent
+
+
+# -- a tree: moq-rs publisher at A -> A -> R -> B -> moq-rs subscriber ------------------------
+
+
+async def test_moqrs_publisher_at_one_relay_moqrs_subscriber_at_another(tmp_path: Path) -> None:
+    """A announces the moq-rs broadcast up to R; B's moq-rs subscriber discovers it through
+    R and gets every frame, routed B -> R -> A -> publisher (docs/relay.md, "Trees")."""
+    sent = {g: [os.urandom(n) for n in (100, 2000, 30_000)] for g in range(3)}
+    r = await relay_at(tmp_path / "r")
+    a = await relay_at(tmp_path / "a", upstream=[r.url])
+    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    try:
+        async with moq_client(a) as mpub, moq_client(b) as msub:
+            bcast = mpub.create_broadcast("iop/tree")
+            track = bcast.publish_track("t0")
+            bcast.announce()
+            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/tree"), TIMEOUT)
+            tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            for g in sorted(sent):
+                grp = track.append_group()
+                for i, payload in enumerate(sent[g]):
+                    grp.write_frame(payload, 1000 * g + i)
+                grp.finish()
+            track.finish()
+            async with asyncio.timeout(TIMEOUT):
+                mgot, again = await moq_groups(tc)
+            del bcast
+    finally:
+        for x in (b, a, r):
+            await x.close()
+    assert again == [] and mgot == sent
+    # one subscription per hop: B -> R -> A -> the publisher
+    for x in (b, r, a):
+        assert x.relay.counters.get("upstream_subscriptions") == 1

@@ -10,6 +10,10 @@ segment expected (manifest track ended, or a segment that does not match the pro
 subscription that ends (PUBLISH_DONE) before that leaves its blocks missing for recovery. A
 SUBSCRIBE refused with DOES_NOT_EXIST means the publisher left and the relay cannot
 subscribe upstream: that track is FETCHed instead (15.2 step 5).
+
+``kvcs fetch`` ends here too when the publication it FETCHed is still being produced: the
+layers a track already holds are not asked again, its fill starts at the first Group that
+is not complete (the exactly-once pattern from there on).
 """
 
 from __future__ import annotations
@@ -34,10 +38,18 @@ from .completed import PublicationGone, fetch_track
 from .state import RetrievalState, Target
 
 
-def data_params(fill_timeout: int | None = None) -> Params:
+def data_params(fill_timeout: int | None = None, start_group: int = 0) -> Params:
     return Params(location_filter=LocationFilter.next_object(),
-                  fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
+                  fill=Params(location_filter=LocationFilter.absolute_start(start_group, 0),
                               fill_timeout=fill_timeout))
+
+
+def first_missing_group(state: RetrievalState, target: Target, track: str) -> int:
+    """The first layer of which ``track`` lacks a wanted block (the layer count: none)."""
+    for g in range(state.descriptor.layers):
+        if not all(target.reasm.has(track, g, b) for b in range(target.blocks)):
+            return g
+    return state.descriptor.layers
 
 
 def manifest_params(fill_timeout: int | None = None) -> Params:
@@ -149,24 +161,27 @@ class LiveRetrieval:
         if target.reasm.complete:
             return
         for track in target.tracks:
-            self._spawn(self._data(target, track))
+            start = first_missing_group(self.state, target, track)
+            if start < self.state.descriptor.layers:
+                self._spawn(self._data(target, track, start))
 
     async def _manifest(self, name: str, sub: Subscription) -> None:
         async for ev in sub:
             for target in on_manifest_event(self.state, name, ev):
                 self._start(target)
 
-    async def _data(self, target: Target, track: str) -> None:
+    async def _data(self, target: Target, track: str, start: int) -> None:
+        """Layers ``start``.. of one data track: the fill from {start, 0}, then live."""
         state = self.state
         assert state.namespace is not None
         try:
             sub = await self.session.subscribe(state.namespace.fields, track.encode(),
-                                               data_params(state.fill_timeout_ms()))
+                                               data_params(state.fill_timeout_ms(), start))
         except RequestRejected as e:
             if e.code != RequestErrorCode.DOES_NOT_EXIST:
                 raise
             state.decide("fetch-instead-of-subscribe", relay=self.url, track=track)
-            await fetch_track(self.session, self.url, state, target, track, 0,
+            await fetch_track(self.session, self.url, state, target, track, start,
                               state.descriptor.layers - 1)
             return
         self.subs.append(sub)

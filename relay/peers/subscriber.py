@@ -11,6 +11,11 @@ segment starts over. Recovery is bounded by the time recomputation would take:
 ``recompute_ms_per_layer`` x the number of layers still missing, from the moment recovery
 starts; past that the consumer gives up and reports which layers to recompute.
 
+A publication still being produced is not a failure to recover from: ``kvcs fetch`` FETCHes
+what the relay holds, and if the manifest track has not ended (or has no version yet) it
+follows the rest live, as ``kvcs subscribe`` does, within the deadline. Recovery starts
+only once production has ended, stalled (``stall_timeout``) or its publisher is gone.
+
 Two more bounds: ``deadline`` (seconds from the start, ``--deadline-ms``) ends the whole
 retrieval, discovery and recovery included, with what is usable by then (a "hit but late"
 is reported as layers to recompute, never waited out); and with ``require_cose`` an Object
@@ -221,24 +226,51 @@ def _drop_publication(state: RetrievalState) -> None:
 
 async def _attempt(opts: RetrieveOptions, state: RetrievalState, session: MoqtSession,
                    url: str, ns: KvcsNamespace, layers: list[int] | None) -> None:
-    """One retrieval of publication ``ns`` from one relay into ``state``."""
+    """One retrieval of publication ``ns`` from one relay into ``state``.
+
+    ``kvcs subscribe`` follows production live, then FETCHes what its subscriptions did not
+    bring. ``kvcs fetch`` FETCHes what the relay holds, and if production is not over (the
+    manifest track has not ended, or holds no version yet) it follows the rest live too:
+    the layers still to come are on their way, and recomputing them would throw away what
+    the deadline still allows (issue 26)."""
     if state.namespace != ns:
         _switch(opts, state, ns)
-    if opts.mode == "live":
+    if opts.mode == "completed":
         try:
-            await LiveRetrieval(session, url, state, opts.stall_timeout).run()
+            await _fetch_held(opts, state, session, url, layers, listing=False)
         except PublicationGone:
-            state.decide("publication-not-live", relay=url)
-        if state.complete:
-            return
-        # The subscriptions ended short of the cache (production over, or a relay that
-        # ended them early): what is still missing is FETCHed, as for a completed cache.
-        state.decide("fetch-after-live", relay=url)
-        layers = state.missing_layers() if state.targets else None
+            if state.manifest is not None:
+                raise  # a relay that lacks what another one served: recovery goes on
+            # Announced, but no manifest version here yet: production may have just begun.
+            state.decide("no-manifest-yet", relay=url)
+        if state.complete or state.manifest_final:
+            return  # recovery, if anything is missing: production is over
+        state.decide("follow-production", relay=url, missing_layers=state.missing_layers())
+    try:
+        await LiveRetrieval(session, url, state, opts.stall_timeout).run()
+    except PublicationGone:
+        state.decide("publication-not-live", relay=url)
+        if opts.mode == "completed":
+            if state.manifest is None:
+                raise  # neither held nor produced here
+            return  # what the relay holds was FETCHed just before
+    if state.complete:
+        return
+    # The subscriptions ended short of the cache (production over, stalled, or a relay that
+    # ended them early): what is still missing is FETCHed, as for a completed cache.
+    state.decide("fetch-after-live", relay=url)
+    await _fetch_held(opts, state, session, url,
+                      state.missing_layers() if state.targets else None, listing=True)
+
+
+async def _fetch_held(opts: RetrieveOptions, state: RetrievalState, session: MoqtSession,
+                      url: str, layers: list[int] | None, *, listing: bool) -> None:
+    """FETCH the manifest (unless final) and the wanted layers the relay holds. ``listing``:
+    with --require-cose, then follow the manifest (bounded) until it lists what came."""
     if state.manifest is None or not state.manifest_final:
         await fetch_manifest(session, state)
     await retrieve_completed(session, url, state, layers)
-    if state.unverified_layers() and not state.manifest_final:
+    if listing and state.unverified_layers() and not state.manifest_final:
         left = state.remaining()
         await await_listing(session, url, state,
                             opts.stall_timeout if left is None else min(left, opts.stall_timeout))

@@ -304,7 +304,8 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "with the prompt (for a prompt that diverges inside a segment)."),
         click.option("--max-blocks", type=int, help="Reuse at most this many blocks."),
         click.option("--recompute-ms-per-layer", type=float, default=50.0, show_default=True,
-                     help="Recomputation time per layer; bounds recovery."),
+                     help="Recomputation time per layer; bounds recovery (never below "
+                          "10 round trips of the path, nor 250 ms)."),
         click.option("--wait-ms", type=float, help="Discovery wait for a NAMESPACE "
                      "(default 10000 for subscribe, 500 for fetch)."),
         click.option("--stall-ms", type=float, default=10000, show_default=True,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 from relay.kvcs.track_names import MANIFEST, MANIFEST_COSE
@@ -64,8 +65,10 @@ async def _subscribe_manifest(session: MoqtSession, state: RetrievalState
     names = [MANIFEST_COSE, MANIFEST]
     for name in names:
         try:
+            sent = time.monotonic()
             sub = await session.subscribe(state.namespace.fields, name.encode(),
                                           manifest_params(state.fill_timeout_ms()))
+            state.note_rtt(time.monotonic() - sent)
         except RequestRejected as e:
             if e.code == RequestErrorCode.DOES_NOT_EXIST:
                 continue
@@ -175,8 +178,10 @@ class LiveRetrieval:
         state = self.state
         assert state.namespace is not None
         try:
+            sent = time.monotonic()
             sub = await self.session.subscribe(state.namespace.fields, track.encode(),
                                                data_params(state.fill_timeout_ms(), start))
+            state.note_rtt(time.monotonic() - sent)
         except RequestRejected as e:
             if e.code != RequestErrorCode.DOES_NOT_EXIST:
                 raise

@@ -9,7 +9,9 @@ publication on the other relays, then the other publications; a publication is m
 partly received segment only if both manifests say "deterministic": true, otherwise that
 segment starts over. Recovery is bounded by the time recomputation would take:
 ``recompute_ms_per_layer`` x the number of layers still missing, from the moment recovery
-starts; past that the consumer gives up and reports which layers to recompute.
+starts, but never less than a retry needs on this path (``recovery_rtts`` round trips, the
+shortest request round trip seen, and at least ``recovery_floor``); past that the consumer
+gives up and reports which layers to recompute.
 
 A publication still being produced is not a failure to recover from: ``kvcs fetch`` FETCHes
 what the relay holds, and if the manifest track has not ended (or has no version yet) it
@@ -62,6 +64,12 @@ from .state import RetrievalState, Tamper, Target
 from .verification import ManifestRefused, ManifestVerifier, Reassembler
 
 MODES = ("live", "completed")
+# Recovery gets at least this many round trips of the path (a retry on another relay costs a
+# handshake and SETUP, then the FETCH and its data) ...
+RECOVERY_RTTS = 10.0
+# ... and at least this long: on loopback a round trip is well under a millisecond, while a
+# retry still costs the host's own work (a FETCH served, Objects verified).
+RECOVERY_FLOOR = 0.25
 
 
 @dataclass
@@ -81,6 +89,8 @@ class RetrieveOptions:
     publications: Sequence[tuple[KvcsNamespace, int | None]] = ()
     max_blocks: int | None = None
     recompute_ms_per_layer: float = 50.0
+    recovery_rtts: float = RECOVERY_RTTS
+    recovery_floor: float = RECOVERY_FLOOR  # seconds
     discovery_window: float = 0.5
     stall_timeout: float = 10.0
     deadline: float | None = None  # seconds for the whole retrieval; None: unbounded
@@ -292,12 +302,24 @@ def _switch(opts: RetrieveOptions, state: RetrievalState, ns: KvcsNamespace) -> 
             state.decide("segment-restarted", segment=seg)
 
 
+def recovery_budget(missing_layers: int, recompute_ms_per_layer: float, rtt: float | None, *,
+                    rtts: float = RECOVERY_RTTS, floor: float = RECOVERY_FLOOR) -> float:
+    """Seconds recovery may take: as long as recomputing the missing layers would
+    (kvcs-draft 5.4), but never less than a retry needs on this path, ``rtts`` round trips
+    and at least ``floor``. A fixed per-layer figure alone is a few round trips on a real
+    network: recovery would give up before its first retry could answer."""
+    path = max(floor, rtts * (rtt or 0.0))
+    return max(recompute_ms_per_layer * missing_layers / 1000, path)
+
+
 async def _recover(opts: RetrieveOptions, state: RetrievalState, sessions: _Sessions,
                    found: list[tuple[str, Candidate]], primary_url: str | None) -> None:
     missing = state.missing_layers()
-    budget = opts.recompute_ms_per_layer * len(missing) / 1000
+    budget = recovery_budget(len(missing), opts.recompute_ms_per_layer, state.rtt,
+                             rtts=opts.recovery_rtts, floor=opts.recovery_floor)
     deadline = time.monotonic() + budget
-    state.decide("recovery-start", missing_layers=missing, budget_ms=round(budget * 1000, 1))
+    state.decide("recovery-start", missing_layers=missing, budget_ms=round(budget * 1000, 1),
+                 rtt_ms=None if state.rtt is None else round(state.rtt * 1000, 3))
     primary = state.namespace
     assert primary is not None
     order: list[tuple[str, KvcsNamespace]] = [(u, primary) for u in opts.access.urls]

@@ -28,7 +28,7 @@ from relay.kvcs.kvfile import read_kvfile
 from relay.kvcs.plan import PlannedObject, PublicationPlan
 from relay.moqt.primitives import FullTrackName, Location
 from relay.peers.errors import EXIT_OK
-from relay.peers.subscriber import RetrieveOptions, retrieve
+from relay.peers.subscriber import RetrieveOptions, recovery_budget, retrieve
 from relay.service import RunningRelay
 
 LAYERS = 8
@@ -155,3 +155,13 @@ async def test_kvcs_fetch_started_before_the_publisher_gets_every_layer(
     assert rep["recompute_layers"] == [] and rep["objects_verified"] == 4 * LAYERS * 2
     out = read_kvfile(files["out"])
     assert np.array_equal(np.asarray(out.k), c.k) and np.array_equal(np.asarray(out.v), c.v)
+
+
+def test_recovery_is_given_round_trips_of_the_path_not_a_fixed_few_hundred_ms() -> None:
+    # 7 layers at 50 ms each would be 350 ms: a few round trips of a 100 ms path
+    assert recovery_budget(7, 50.0, 0.1) >= 10 * 0.1
+    assert recovery_budget(7, 50.0, 0.3) >= 10 * 0.3
+    # on loopback the per-layer figure still rules, and nothing is below the floor
+    assert recovery_budget(7, 50.0, 0.0002) == pytest.approx(0.35)
+    assert recovery_budget(1, 0.0, None) == pytest.approx(0.25)
+    assert recovery_budget(1, 0.0, 0.0001) == pytest.approx(0.25)

@@ -18,6 +18,13 @@ what the relay holds, and if the manifest track has not ended (or has no version
 follows the rest live, as ``kvcs subscribe`` does, within the deadline. Recovery starts
 only once production has ended, stalled (``stall_timeout``) or its publisher is gone.
 
+Nothing found is "no publication" (exit 3) only if every relay could look: a relay that
+answers REQUEST_ERROR TIMEOUT could not reach its upstream (an edge whose origin is dead),
+and then the consumer says so (exit 9). Discovery cannot tell (SUBSCRIBE_NAMESPACE is
+accepted before the relay asks upstream), so after a discovery that found nothing the
+consumer asks that relay one FETCH under the prompt's longest prefix, which the relay must
+look up upstream.
+
 Two more bounds: ``deadline`` (seconds from the start, ``--deadline-ms``) ends the whole
 retrieval, discovery and recovery included, with what is usable by then (a "hit but late"
 is reported as layers to recompute, never waited out); and with ``require_cose`` an Object
@@ -40,8 +47,11 @@ from relay.kvcs.cose import KeyStore
 from relay.kvcs.descriptor import Descriptor
 from relay.kvcs.errors import KvcsError
 from relay.kvcs.identifiers import block_keys, scope_id
-from relay.kvcs.namespace import KvcsNamespace
+from relay.kvcs.namespace import KvcsNamespace, content_prefix
+from relay.kvcs.track_names import MANIFEST_COSE
 from relay.moqt.codes import RequestErrorCode
+from relay.moqt.location_filter import LocationFilter
+from relay.moqt.params import Params
 from relay.session import MoqtSession, RequestRejected, SessionFailure
 from relay.transport import TransportError
 
@@ -57,6 +67,7 @@ from .errors import (
     NotFound,
     PeerError,
     Unauthorized,
+    UpstreamUnreachable,
 )
 from .live import LiveRetrieval, await_listing
 from .report import build_report
@@ -114,6 +125,8 @@ class _Sessions:
         self.failed: dict[str, str] = {}
         # relays that refused this command's requests as UNAUTHORIZED (url -> reason)
         self.denied: dict[str, str] = {}
+        # relays that answered TIMEOUT: they could not reach their upstream (url -> reason)
+        self.unreachable: dict[str, str] = {}
 
     async def get(self, url: str) -> MoqtSession | None:
         s = self.open.get(url)
@@ -164,6 +177,12 @@ async def retrieve(opts: RetrieveOptions) -> Retrieval:
                                        "; check --token")
                 if refusals:
                     raise ManifestRefused("; ".join(dict.fromkeys(refusals)))
+                if sessions.unreachable:
+                    raise UpstreamUnreachable(
+                        "the relay's upstream is unreachable (" +
+                        "; ".join(f"relay {u}: {r}" for u, r in sessions.unreachable.items()) +
+                        "); whether a publication exists is unknown: retry later or use "
+                        "another relay")
                 raise NotFound("no publication of this prompt's prefix on any relay")
             if not state.complete:
                 await _recover(opts, state, sessions, found, primary_url)
@@ -197,6 +216,8 @@ async def _primary(opts: RetrieveOptions, state: RetrievalState, sessions: _Sess
                                         window=opts.discovery_window, denied=denied)
         if denied and not candidates:
             sessions.denied[url] = denied[0]
+        elif not candidates:
+            await _probe_upstream(opts, state, session, url, keys, sessions)
         found.extend((url, c) for c in candidates)
         if await _try_candidates(opts, state, sessions, url, candidates, refusals):
             return url
@@ -220,12 +241,37 @@ async def _try_candidates(opts: RetrieveOptions, state: RetrievalState, sessions
             state.decide("attempt-failed", relay=url, error=str(e))
             if isinstance(e, RequestRejected) and e.code == RequestErrorCode.UNAUTHORIZED:
                 sessions.denied[url] = str(e)
+            if isinstance(e, RequestRejected) and e.code == RequestErrorCode.TIMEOUT:
+                sessions.unreachable[url] = str(e)
             if not state.targets:
                 _drop_publication(state)
                 continue
         if state.targets:
             return True
     return False
+
+
+async def _probe_upstream(opts: RetrieveOptions, state: RetrievalState, session: MoqtSession,
+                          url: str, keys: list[bytes], sessions: _Sessions) -> None:
+    """Discovery found nothing on ``url``: is that because the relay could not look?
+    One FETCH under the prompt's longest prefix (no publication's namespace, so the relay
+    holds nothing of it and must ask upstream, within FILL_TIMEOUT = the time left): a relay
+    answers TIMEOUT when its upstream is unreachable (TIMEOUT, never DOES_NOT_EXIST, for
+    what only the upstream could answer); anything else leaves "nothing found" as it is.
+    (FETCH rather than TRACK_STATUS: the relay decides a FETCH's refusal after its dial
+    to the upstream has failed, so the first request of an outage is answered right too.)"""
+    d = opts.descriptor
+    prefix = content_prefix(scope_id(opts.scope_key), d.compat_id, keys[-1])
+    with contextlib.suppress(SessionFailure, TransportError):
+        try:
+            resp = await session.fetch(prefix, MANIFEST_COSE.encode(), Params(
+                location_filter=LocationFilter.relative_start(1),
+                fill_timeout=state.fill_timeout_ms()))
+        except RequestRejected as e:
+            if e.code == RequestErrorCode.TIMEOUT:
+                sessions.unreachable[url] = str(e)
+            return
+        resp.cancel()  # not expected: there is no such Track; nothing of it is wanted
 
 
 def _drop_publication(state: RetrievalState) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cli_harness import run_kvcs
+from cli_harness import free_udp_port, run_kvcs
 from peers_helpers import SCOPE_KEY, TIMEOUT, Cache, access, cache, plan, relay_at
 from tampering import publish_gated, wait_cached
 
@@ -27,7 +27,8 @@ from relay.kvcs.identifiers import write_scope_key
 from relay.kvcs.kvfile import read_kvfile
 from relay.kvcs.plan import PlannedObject, PublicationPlan
 from relay.moqt.primitives import FullTrackName, Location
-from relay.peers.errors import EXIT_OK
+from relay.peers.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE
+from relay.peers.inputs import format_namespace
 from relay.peers.subscriber import RetrieveOptions, recovery_budget, retrieve
 from relay.service import RunningRelay
 
@@ -165,3 +166,33 @@ def test_recovery_is_given_round_trips_of_the_path_not_a_fixed_few_hundred_ms() 
     assert recovery_budget(7, 50.0, 0.0002) == pytest.approx(0.35)
     assert recovery_budget(1, 0.0, None) == pytest.approx(0.25)
     assert recovery_budget(1, 0.0, 0.0001) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("via", ["discovery", "index"])
+async def test_fetch_through_a_relay_whose_upstream_is_dead_says_so(
+        tmp_path: Path, via: str) -> None:
+    dead = f"moqt://127.0.0.1:{free_udp_port()}/"  # nothing listens there
+    edge = await relay_at(tmp_path / "edge", upstream=[dead])
+    c = cache(blocks=2)
+    ns = plan(c).namespace  # published nowhere: only the edge's upstream could know it
+    files = _consumer_files(c, tmp_path)
+    extra = ["--namespace", format_namespace(ns)] if via == "index" else []
+    try:
+        code, _, err = await run_kvcs(*_fetch_args(edge, files, *extra), timeout=TIMEOUT)
+    finally:
+        await edge.close()
+    assert "Traceback" not in err
+    assert code == EXIT_UNREACHABLE != EXIT_NOT_FOUND, err
+    last = err.splitlines()[-1]
+    assert last.startswith("error: the relay's upstream is unreachable ("), err
+    assert edge.url in last and "upstream unreachable" in last
+
+
+async def test_fetch_through_a_relay_without_upstream_still_says_no_publication(
+        relay: RunningRelay, tmp_path: Path) -> None:
+    # the probe that tells "could not look" must not turn a plain miss into exit 9
+    c = cache(blocks=2)
+    code, _, err = await run_kvcs(*_fetch_args(relay, _consumer_files(c, tmp_path)),
+                                  timeout=TIMEOUT)
+    assert code == EXIT_NOT_FOUND, err
+    assert err.splitlines()[-1] == "error: no publication of this prompt's prefix on any relay"

@@ -11,9 +11,9 @@ subscription that ends (PUBLISH_DONE) before that leaves its blocks missing for 
 SUBSCRIBE refused with DOES_NOT_EXIST means the publisher left and the relay cannot
 subscribe upstream: that track is FETCHed instead (15.2 step 5).
 
-``kvcs fetch`` ends here too when the publication it FETCHed is still being produced: the
-layers a track already holds are not asked again, its fill starts at the first Group that
-is not complete (the exactly-once pattern from there on).
+``kvcs fetch`` ends here too when the publication it FETCHed is still being produced: what
+a track already holds is not asked again, its fill starts at the first block it lacks (the
+exactly-once pattern from there on).
 """
 
 from __future__ import annotations
@@ -39,18 +39,20 @@ from .completed import PublicationGone, fetch_track
 from .state import RetrievalState, Target
 
 
-def data_params(fill_timeout: int | None = None, start_group: int = 0) -> Params:
+def data_params(fill_timeout: int | None = None, start: tuple[int, int] = (0, 0)) -> Params:
     return Params(location_filter=LocationFilter.next_object(),
-                  fill=Params(location_filter=LocationFilter.absolute_start(start_group, 0),
+                  fill=Params(location_filter=LocationFilter.absolute_start(*start),
                               fill_timeout=fill_timeout))
 
 
-def first_missing_group(state: RetrievalState, target: Target, track: str) -> int:
-    """The first layer of which ``track`` lacks a wanted block (the layer count: none)."""
+def first_missing(state: RetrievalState, target: Target, track: str) -> tuple[int, int] | None:
+    """(layer, block) of the first wanted block ``track`` lacks (None: it has them all).
+    A FETCH cut short mid-layer holds that layer's first blocks: they are not asked again."""
     for g in range(state.descriptor.layers):
-        if not all(target.reasm.has(track, g, b) for b in range(target.blocks)):
-            return g
-    return state.descriptor.layers
+        for b in range(target.blocks):
+            if not target.reasm.has(track, g, b):
+                return g, b
+    return None
 
 
 def manifest_params(fill_timeout: int | None = None) -> Params:
@@ -164,8 +166,8 @@ class LiveRetrieval:
         if target.reasm.complete:
             return
         for track in target.tracks:
-            start = first_missing_group(self.state, target, track)
-            if start < self.state.descriptor.layers:
+            start = first_missing(self.state, target, track)
+            if start is not None:
                 self._spawn(self._data(target, track, start))
 
     async def _manifest(self, name: str, sub: Subscription) -> None:
@@ -173,8 +175,8 @@ class LiveRetrieval:
             for target in on_manifest_event(self.state, name, ev):
                 self._start(target)
 
-    async def _data(self, target: Target, track: str, start: int) -> None:
-        """Layers ``start``.. of one data track: the fill from {start, 0}, then live."""
+    async def _data(self, target: Target, track: str, start: tuple[int, int]) -> None:
+        """One data track from Location ``start`` on: the fill up to now, then live."""
         state = self.state
         assert state.namespace is not None
         try:
@@ -186,7 +188,7 @@ class LiveRetrieval:
             if e.code != RequestErrorCode.DOES_NOT_EXIST:
                 raise
             state.decide("fetch-instead-of-subscribe", relay=self.url, track=track)
-            await fetch_track(self.session, self.url, state, target, track, start,
+            await fetch_track(self.session, self.url, state, target, track, start[0],
                               state.descriptor.layers - 1)
             return
         self.subs.append(sub)

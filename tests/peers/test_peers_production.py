@@ -33,7 +33,9 @@ from relay.peers.subscriber import RetrieveOptions, recovery_budget, retrieve
 from relay.service import RunningRelay
 
 LAYERS = 8
-PAUSE_AT = 3  # production is held before this layer
+# Production is held here, in the middle of a layer: k.raw.s0 has written blocks 0-1 of
+# layer 3, v.raw.s0 layers 0-2.
+PAUSE_AT = (3, 2)
 
 
 @pytest.fixture
@@ -67,12 +69,12 @@ def _data_subscribed(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
 
 def _held_before(p: PublicationPlan, release: asyncio.Event,
                  paused: asyncio.Event | None = None) -> Callable[[PlannedObject], Any]:
-    """Gate of ``publish_gated``: layer PAUSE_AT and later wait for ``release``. It is set
+    """Gate of ``publish_gated``: PAUSE_AT and later wait for ``release``. It is set
     only once the consumer follows the production live (or the consumer has finished):
     a consumer that gives up on a publication still arriving finishes with layers missing
     instead of winning a race against the publisher."""
     def gate(obj: PlannedObject) -> Any:
-        if obj.track != p.manifest_track and obj.group >= PAUSE_AT:
+        if obj.track != p.manifest_track and (obj.group, obj.object_id) >= PAUSE_AT:
             if paused is not None:
                 paused.set()
             return asyncio.wait_for(release.wait(), TIMEOUT)
@@ -89,9 +91,8 @@ async def test_fetch_of_a_publication_mid_production_follows_the_rest_live(
                                               leave))
     try:
         await asyncio.wait_for(paused.wait(), TIMEOUT)
-        for track in ("k.raw.s0", "v.raw.s0"):  # layers 0..2 of both tracks are at the relay
-            await wait_cached(relay, FullTrackName(p.namespace.fields, track.encode()),
-                              Location(PAUSE_AT - 1, 3))
+        for track, last in (("k.raw.s0", Location(3, 1)), ("v.raw.s0", Location(2, 3))):
+            await wait_cached(relay, FullTrackName(p.namespace.fields, track.encode()), last)
         res = await asyncio.wait_for(retrieve(RetrieveOptions(
             access(relay), c.descriptor, SCOPE_KEY, c.tokens, mode="completed",
             publications=[(p.namespace, None)], deadline=TIMEOUT / 2)), TIMEOUT)
@@ -104,7 +105,7 @@ async def test_fetch_of_a_publication_mid_production_follows_the_rest_live(
     assert res.recompute_layers == [] and not rep["deadline_passed"]
     assert np.array_equal(res.k, c.k) and np.array_equal(res.v, c.v)
     assert rep["objects_verified"] == 4 * LAYERS * 2
-    # the live part starts at the first layer the FETCH did not bring: nothing twice
+    # the live part starts at the first block the FETCH did not bring: nothing twice
     assert rep["objects_duplicate"] == 0, rep["decisions"]
     assert any(d["action"] == "follow-production" for d in rep["decisions"])
     assert not any(d["action"] == "recovery-start" for d in rep["decisions"])

@@ -51,7 +51,9 @@ Exit codes:
   5  publications found but refused (manifest compat, manifest.cose absent or bad)
   7  --require-cose: Objects arrived that no signed manifest version listed in
      time (report: unverified_objects); their layers must be recomputed
-  8  the relays refused the requests as UNAUTHORIZED (--token missing or wrong)"""
+  8  the relays refused the requests as UNAUTHORIZED (--token missing or wrong)
+  9  nothing found, and a relay could not reach its upstream relay to look
+     (REQUEST_ERROR TIMEOUT): not "no publication"; retry later or another relay"""
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> None:
@@ -304,7 +306,8 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "with the prompt (for a prompt that diverges inside a segment)."),
         click.option("--max-blocks", type=int, help="Reuse at most this many blocks."),
         click.option("--recompute-ms-per-layer", type=float, default=50.0, show_default=True,
-                     help="Recomputation time per layer; bounds recovery."),
+                     help="Recomputation time per layer; bounds recovery (never below "
+                          "10 round trips of the path, nor 250 ms)."),
         click.option("--wait-ms", type=float, help="Discovery wait for a NAMESPACE "
                      "(default 10000 for subscribe, 500 for fetch)."),
         click.option("--stall-ms", type=float, default=10000, show_default=True,
@@ -335,7 +338,7 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
              report: Path | None, engine: str, generate: int, threads: int | None,
              quiet: bool = False) -> None:
     from . import engine_options as eo
-    from .errors import NotFound
+    from .errors import NotFound, UpstreamUnreachable
     from .subscriber import RetrieveOptions, retrieve
 
     if generate:
@@ -361,7 +364,7 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
     t0 = time.perf_counter()
     try:
         res = asyncio.run(retrieve(opts))
-    except NotFound:
+    except (NotFound, UpstreamUnreachable):
         if eng is not None:  # nothing to reuse: the engine still answers, from its own prefill
             eo.echo(eo.consumer_continuation(eng, opts.tokens, generate, k=None, v=None,
                                              fetch_ms=(time.perf_counter() - t0) * 1000,

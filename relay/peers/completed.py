@@ -14,6 +14,7 @@ whose upstream is slow answers with End of Timed-Out Range instead of outwaiting
 from __future__ import annotations
 
 import asyncio
+import time
 
 from relay.kvcs.track_names import MANIFEST, MANIFEST_COSE
 from relay.moqt.codes import GroupOrder, ParameterType, RequestErrorCode
@@ -38,9 +39,11 @@ async def fetch_manifest(session: MoqtSession, state: RetrievalState) -> str:
     assert state.namespace is not None
     for name in (MANIFEST_COSE, MANIFEST):
         try:
+            sent = time.monotonic()
             resp = await session.fetch(state.namespace.fields, name.encode(), Params(
                 location_filter=LocationFilter.relative_start(2),
                 fill_timeout=state.fill_timeout_ms()))
+            state.note_rtt(time.monotonic() - sent)
             versions = [(e.group, bytes(e.payload)) async for e in resp
                         if isinstance(e, ReceivedObject) and e.object_id == 0]
         except RequestRejected as e:
@@ -70,7 +73,9 @@ async def fetch_track(session: MoqtSession, url: str, state: RetrievalState, tar
                     group_order=GroupOrder.ASCENDING,
                     range_filters=objectid_filter(session, target),
                     fill_timeout=state.fill_timeout_ms())
+    sent = time.monotonic()
     resp = await session.fetch(state.namespace.fields, track.encode(), params)
+    state.note_rtt(time.monotonic() - sent)
     async for ev in resp:
         if isinstance(ev, ReceivedObject):
             state.on_object(url, target, track, ev.group, ev.object_id, ev.payload)

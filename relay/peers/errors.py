@@ -11,6 +11,7 @@ EXIT_REFUSED = 5  # publications were found but failed verification (compat, COS
 EXIT_UNCONFIRMED = 6  # publish: a relay did not confirm every Object
 EXIT_UNVERIFIED = 7  # --require-cose: Objects no signed manifest version listed in time
 EXIT_UNAUTHORIZED = 8  # the relay refused the requests as UNAUTHORIZED (--token)
+EXIT_UNREACHABLE = 9  # nothing found, and a relay could not reach its upstream to look
 
 
 class PeerError(Exception):
@@ -45,3 +46,11 @@ class Unauthorized(PeerError):
     ``--token``, or one not granted this scope."""
 
     exit_code = EXIT_UNAUTHORIZED
+
+
+class UpstreamUnreachable(PeerError):
+    """Nothing was found, but a relay answered REQUEST_ERROR TIMEOUT: it could not reach
+    its upstream relay to look. Whether a publication exists is unknown, so this is not
+    "no publication" (exit 3): the consumer can retry later or use another relay."""
+
+    exit_code = EXIT_UNREACHABLE

@@ -10,12 +10,17 @@ segment expected (manifest track ended, or a segment that does not match the pro
 subscription that ends (PUBLISH_DONE) before that leaves its blocks missing for recovery. A
 SUBSCRIBE refused with DOES_NOT_EXIST means the publisher left and the relay cannot
 subscribe upstream: that track is FETCHed instead (15.2 step 5).
+
+``kvcs fetch`` ends here too when the publication it FETCHed is still being produced: what
+a track already holds is not asked again, its fill starts at the first block it lacks (the
+exactly-once pattern from there on).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 from relay.kvcs.track_names import MANIFEST, MANIFEST_COSE
@@ -34,10 +39,20 @@ from .completed import PublicationGone, fetch_track
 from .state import RetrievalState, Target
 
 
-def data_params(fill_timeout: int | None = None) -> Params:
+def data_params(fill_timeout: int | None = None, start: tuple[int, int] = (0, 0)) -> Params:
     return Params(location_filter=LocationFilter.next_object(),
-                  fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
+                  fill=Params(location_filter=LocationFilter.absolute_start(*start),
                               fill_timeout=fill_timeout))
+
+
+def first_missing(state: RetrievalState, target: Target, track: str) -> tuple[int, int] | None:
+    """(layer, block) of the first wanted block ``track`` lacks (None: it has them all).
+    A FETCH cut short mid-layer holds that layer's first blocks: they are not asked again."""
+    for g in range(state.descriptor.layers):
+        for b in range(target.blocks):
+            if not target.reasm.has(track, g, b):
+                return g, b
+    return None
 
 
 def manifest_params(fill_timeout: int | None = None) -> Params:
@@ -52,8 +67,10 @@ async def _subscribe_manifest(session: MoqtSession, state: RetrievalState
     names = [MANIFEST_COSE, MANIFEST]
     for name in names:
         try:
+            sent = time.monotonic()
             sub = await session.subscribe(state.namespace.fields, name.encode(),
                                           manifest_params(state.fill_timeout_ms()))
+            state.note_rtt(time.monotonic() - sent)
         except RequestRejected as e:
             if e.code == RequestErrorCode.DOES_NOT_EXIST:
                 continue
@@ -149,24 +166,29 @@ class LiveRetrieval:
         if target.reasm.complete:
             return
         for track in target.tracks:
-            self._spawn(self._data(target, track))
+            start = first_missing(self.state, target, track)
+            if start is not None:
+                self._spawn(self._data(target, track, start))
 
     async def _manifest(self, name: str, sub: Subscription) -> None:
         async for ev in sub:
             for target in on_manifest_event(self.state, name, ev):
                 self._start(target)
 
-    async def _data(self, target: Target, track: str) -> None:
+    async def _data(self, target: Target, track: str, start: tuple[int, int]) -> None:
+        """One data track from Location ``start`` on: the fill up to now, then live."""
         state = self.state
         assert state.namespace is not None
         try:
+            sent = time.monotonic()
             sub = await self.session.subscribe(state.namespace.fields, track.encode(),
-                                               data_params(state.fill_timeout_ms()))
+                                               data_params(state.fill_timeout_ms(), start))
+            state.note_rtt(time.monotonic() - sent)
         except RequestRejected as e:
             if e.code != RequestErrorCode.DOES_NOT_EXIST:
                 raise
             state.decide("fetch-instead-of-subscribe", relay=self.url, track=track)
-            await fetch_track(self.session, self.url, state, target, track, 0,
+            await fetch_track(self.session, self.url, state, target, track, start[0],
                               state.descriptor.layers - 1)
             return
         self.subs.append(sub)

@@ -82,6 +82,9 @@ class RetrievalState:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     retries: int = 0
     duplicates: int = 0  # Objects received again (ignored): exactly-once is checkable
+    # The shortest request round trip seen (SETUP, FETCH_OK, SUBSCRIBE_OK), in seconds: what
+    # one more request on this path costs at least, so recovery is never given less.
+    rtt: float | None = None
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
     on_progress: Callable[[RetrievalState], None] | None = None  # e.g. a progress line
 
@@ -102,6 +105,12 @@ class RetrievalState:
 
     def decide(self, action: str, **detail: Any) -> None:
         self.decisions.append({"t_ms": round(self.elapsed_ms(), 2), "action": action, **detail})
+
+    def note_rtt(self, seconds: float) -> None:
+        """One request's round trip (request sent to its first answer). The minimum is kept:
+        a longer one includes the relay's own work (an upstream fill), not the path."""
+        if self.rtt is None or seconds < self.rtt:
+            self.rtt = seconds
 
     def elapsed_ms(self) -> float:
         return (time.monotonic() - self.t0) * 1000

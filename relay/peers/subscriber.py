@@ -9,7 +9,21 @@ publication on the other relays, then the other publications; a publication is m
 partly received segment only if both manifests say "deterministic": true, otherwise that
 segment starts over. Recovery is bounded by the time recomputation would take:
 ``recompute_ms_per_layer`` x the number of layers still missing, from the moment recovery
-starts; past that the consumer gives up and reports which layers to recompute.
+starts, but never less than a retry needs on this path (``recovery_rtts`` round trips, the
+shortest request round trip seen, and at least ``recovery_floor``); past that the consumer
+gives up and reports which layers to recompute.
+
+A publication still being produced is not a failure to recover from: ``kvcs fetch`` FETCHes
+what the relay holds, and if the manifest track has not ended (or has no version yet) it
+follows the rest live, as ``kvcs subscribe`` does, within the deadline. Recovery starts
+only once production has ended, stalled (``stall_timeout``) or its publisher is gone.
+
+Nothing found is "no publication" (exit 3) only if every relay could look: a relay that
+answers REQUEST_ERROR TIMEOUT could not reach its upstream (an edge whose origin is dead),
+and then the consumer says so (exit 9). Discovery cannot tell (SUBSCRIBE_NAMESPACE is
+accepted before the relay asks upstream), so after a discovery that found nothing the
+consumer asks that relay one FETCH under the prompt's longest prefix, which the relay must
+look up upstream.
 
 Two more bounds: ``deadline`` (seconds from the start, ``--deadline-ms``) ends the whole
 retrieval, discovery and recovery included, with what is usable by then (a "hit but late"
@@ -33,8 +47,11 @@ from relay.kvcs.cose import KeyStore
 from relay.kvcs.descriptor import Descriptor
 from relay.kvcs.errors import KvcsError
 from relay.kvcs.identifiers import block_keys, scope_id
-from relay.kvcs.namespace import KvcsNamespace
+from relay.kvcs.namespace import KvcsNamespace, content_prefix
+from relay.kvcs.track_names import MANIFEST_COSE
 from relay.moqt.codes import RequestErrorCode
+from relay.moqt.location_filter import LocationFilter
+from relay.moqt.params import Params
 from relay.session import MoqtSession, RequestRejected, SessionFailure
 from relay.transport import TransportError
 
@@ -50,6 +67,7 @@ from .errors import (
     NotFound,
     PeerError,
     Unauthorized,
+    UpstreamUnreachable,
 )
 from .live import LiveRetrieval, await_listing
 from .report import build_report
@@ -57,6 +75,12 @@ from .state import RetrievalState, Tamper, Target
 from .verification import ManifestRefused, ManifestVerifier, Reassembler
 
 MODES = ("live", "completed")
+# Recovery gets at least this many round trips of the path (a retry on another relay costs a
+# handshake and SETUP, then the FETCH and its data) ...
+RECOVERY_RTTS = 10.0
+# ... and at least this long: on loopback a round trip is well under a millisecond, while a
+# retry still costs the host's own work (a FETCH served, Objects verified).
+RECOVERY_FLOOR = 0.25
 
 
 @dataclass
@@ -76,6 +100,8 @@ class RetrieveOptions:
     publications: Sequence[tuple[KvcsNamespace, int | None]] = ()
     max_blocks: int | None = None
     recompute_ms_per_layer: float = 50.0
+    recovery_rtts: float = RECOVERY_RTTS
+    recovery_floor: float = RECOVERY_FLOOR  # seconds
     discovery_window: float = 0.5
     stall_timeout: float = 10.0
     deadline: float | None = None  # seconds for the whole retrieval; None: unbounded
@@ -99,6 +125,8 @@ class _Sessions:
         self.failed: dict[str, str] = {}
         # relays that refused this command's requests as UNAUTHORIZED (url -> reason)
         self.denied: dict[str, str] = {}
+        # relays that answered TIMEOUT: they could not reach their upstream (url -> reason)
+        self.unreachable: dict[str, str] = {}
 
     async def get(self, url: str) -> MoqtSession | None:
         s = self.open.get(url)
@@ -149,6 +177,12 @@ async def retrieve(opts: RetrieveOptions) -> Retrieval:
                                        "; check --token")
                 if refusals:
                     raise ManifestRefused("; ".join(dict.fromkeys(refusals)))
+                if sessions.unreachable:
+                    raise UpstreamUnreachable(
+                        "the relay's upstream is unreachable (" +
+                        "; ".join(f"relay {u}: {r}" for u, r in sessions.unreachable.items()) +
+                        "); whether a publication exists is unknown: retry later or use "
+                        "another relay")
                 raise NotFound("no publication of this prompt's prefix on any relay")
             if not state.complete:
                 await _recover(opts, state, sessions, found, primary_url)
@@ -182,6 +216,8 @@ async def _primary(opts: RetrieveOptions, state: RetrievalState, sessions: _Sess
                                         window=opts.discovery_window, denied=denied)
         if denied and not candidates:
             sessions.denied[url] = denied[0]
+        elif not candidates:
+            await _probe_upstream(opts, state, session, url, keys, sessions)
         found.extend((url, c) for c in candidates)
         if await _try_candidates(opts, state, sessions, url, candidates, refusals):
             return url
@@ -205,12 +241,37 @@ async def _try_candidates(opts: RetrieveOptions, state: RetrievalState, sessions
             state.decide("attempt-failed", relay=url, error=str(e))
             if isinstance(e, RequestRejected) and e.code == RequestErrorCode.UNAUTHORIZED:
                 sessions.denied[url] = str(e)
+            if isinstance(e, RequestRejected) and e.code == RequestErrorCode.TIMEOUT:
+                sessions.unreachable[url] = str(e)
             if not state.targets:
                 _drop_publication(state)
                 continue
         if state.targets:
             return True
     return False
+
+
+async def _probe_upstream(opts: RetrieveOptions, state: RetrievalState, session: MoqtSession,
+                          url: str, keys: list[bytes], sessions: _Sessions) -> None:
+    """Discovery found nothing on ``url``: is that because the relay could not look?
+    One FETCH under the prompt's longest prefix (no publication's namespace, so the relay
+    holds nothing of it and must ask upstream, within FILL_TIMEOUT = the time left): a relay
+    answers TIMEOUT when its upstream is unreachable (TIMEOUT, never DOES_NOT_EXIST, for
+    what only the upstream could answer); anything else leaves "nothing found" as it is.
+    (FETCH rather than TRACK_STATUS: the relay decides a FETCH's refusal after its dial
+    to the upstream has failed, so the first request of an outage is answered right too.)"""
+    d = opts.descriptor
+    prefix = content_prefix(scope_id(opts.scope_key), d.compat_id, keys[-1])
+    with contextlib.suppress(SessionFailure, TransportError):
+        try:
+            resp = await session.fetch(prefix, MANIFEST_COSE.encode(), Params(
+                location_filter=LocationFilter.relative_start(1),
+                fill_timeout=state.fill_timeout_ms()))
+        except RequestRejected as e:
+            if e.code == RequestErrorCode.TIMEOUT:
+                sessions.unreachable[url] = str(e)
+            return
+        resp.cancel()  # not expected: there is no such Track; nothing of it is wanted
 
 
 def _drop_publication(state: RetrievalState) -> None:
@@ -221,24 +282,51 @@ def _drop_publication(state: RetrievalState) -> None:
 
 async def _attempt(opts: RetrieveOptions, state: RetrievalState, session: MoqtSession,
                    url: str, ns: KvcsNamespace, layers: list[int] | None) -> None:
-    """One retrieval of publication ``ns`` from one relay into ``state``."""
+    """One retrieval of publication ``ns`` from one relay into ``state``.
+
+    ``kvcs subscribe`` follows production live, then FETCHes what its subscriptions did not
+    bring. ``kvcs fetch`` FETCHes what the relay holds, and if production is not over (the
+    manifest track has not ended, or holds no version yet) it follows the rest live too:
+    the layers still to come are on their way, and recomputing them would throw away what
+    the deadline still allows (issue 26)."""
     if state.namespace != ns:
         _switch(opts, state, ns)
-    if opts.mode == "live":
+    if opts.mode == "completed":
         try:
-            await LiveRetrieval(session, url, state, opts.stall_timeout).run()
+            await _fetch_held(opts, state, session, url, layers, listing=False)
         except PublicationGone:
-            state.decide("publication-not-live", relay=url)
-        if state.complete:
-            return
-        # The subscriptions ended short of the cache (production over, or a relay that
-        # ended them early): what is still missing is FETCHed, as for a completed cache.
-        state.decide("fetch-after-live", relay=url)
-        layers = state.missing_layers() if state.targets else None
+            if state.manifest is not None:
+                raise  # a relay that lacks what another one served: recovery goes on
+            # Announced, but no manifest version here yet: production may have just begun.
+            state.decide("no-manifest-yet", relay=url)
+        if state.complete or state.manifest_final:
+            return  # recovery, if anything is missing: production is over
+        state.decide("follow-production", relay=url, missing_layers=state.missing_layers())
+    try:
+        await LiveRetrieval(session, url, state, opts.stall_timeout).run()
+    except PublicationGone:
+        state.decide("publication-not-live", relay=url)
+        if opts.mode == "completed":
+            if state.manifest is None:
+                raise  # neither held nor produced here
+            return  # what the relay holds was FETCHed just before
+    if state.complete:
+        return
+    # The subscriptions ended short of the cache (production over, stalled, or a relay that
+    # ended them early): what is still missing is FETCHed, as for a completed cache.
+    state.decide("fetch-after-live", relay=url)
+    await _fetch_held(opts, state, session, url,
+                      state.missing_layers() if state.targets else None, listing=True)
+
+
+async def _fetch_held(opts: RetrieveOptions, state: RetrievalState, session: MoqtSession,
+                      url: str, layers: list[int] | None, *, listing: bool) -> None:
+    """FETCH the manifest (unless final) and the wanted layers the relay holds. ``listing``:
+    with --require-cose, then follow the manifest (bounded) until it lists what came."""
     if state.manifest is None or not state.manifest_final:
         await fetch_manifest(session, state)
     await retrieve_completed(session, url, state, layers)
-    if state.unverified_layers() and not state.manifest_final:
+    if listing and state.unverified_layers() and not state.manifest_final:
         left = state.remaining()
         await await_listing(session, url, state,
                             opts.stall_timeout if left is None else min(left, opts.stall_timeout))
@@ -260,12 +348,24 @@ def _switch(opts: RetrieveOptions, state: RetrievalState, ns: KvcsNamespace) -> 
             state.decide("segment-restarted", segment=seg)
 
 
+def recovery_budget(missing_layers: int, recompute_ms_per_layer: float, rtt: float | None, *,
+                    rtts: float = RECOVERY_RTTS, floor: float = RECOVERY_FLOOR) -> float:
+    """Seconds recovery may take: as long as recomputing the missing layers would
+    (kvcs-draft 5.4), but never less than a retry needs on this path, ``rtts`` round trips
+    and at least ``floor``. A fixed per-layer figure alone is a few round trips on a real
+    network: recovery would give up before its first retry could answer."""
+    path = max(floor, rtts * (rtt or 0.0))
+    return max(recompute_ms_per_layer * missing_layers / 1000, path)
+
+
 async def _recover(opts: RetrieveOptions, state: RetrievalState, sessions: _Sessions,
                    found: list[tuple[str, Candidate]], primary_url: str | None) -> None:
     missing = state.missing_layers()
-    budget = opts.recompute_ms_per_layer * len(missing) / 1000
+    budget = recovery_budget(len(missing), opts.recompute_ms_per_layer, state.rtt,
+                             rtts=opts.recovery_rtts, floor=opts.recovery_floor)
     deadline = time.monotonic() + budget
-    state.decide("recovery-start", missing_layers=missing, budget_ms=round(budget * 1000, 1))
+    state.decide("recovery-start", missing_layers=missing, budget_ms=round(budget * 1000, 1),
+                 rtt_ms=None if state.rtt is None else round(state.rtt * 1000, 3))
     primary = state.namespace
     assert primary is not None
     order: list[tuple[str, KvcsNamespace]] = [(u, primary) for u in opts.access.urls]

@@ -553,8 +553,10 @@ class Relay:
         """TRACK_STATUS forwarded to the Track's publishers / upstream relay, bounded by the
         default FILL_TIMEOUT; what it learns (Largest Object, Track Properties) is kept.
         Returns the refusal to give when no source answered because of an outage."""
+        sources = await self._all_sources(track, reach)
+        # after the lookup: a dial to the upstream that just failed makes it unreachable
         err = self.unreachable_error() if reach is not Reach.OWN else None
-        for src in await self._all_sources(track, reach):
+        for src in sources:
             try:
                 ok = await asyncio.wait_for(
                     src.track_status(track.full_name.namespace, track.full_name.name),

@@ -4,10 +4,13 @@ restart, one only its upstream knows; with the Track Properties (§7.11, §12, �
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
+import pytest
 from relay_helpers import TIMEOUT, client, group_payloads, make_ns, push_track, relay_at
 
+from relay.core.upstream import UNREACHABLE
 from relay.moqt.codes import RequestErrorCode
 from relay.moqt.kvp import KeyValuePair
 from relay.moqt.params import Params
@@ -48,3 +51,20 @@ async def test_track_status_of_lmdb_only_and_upstream_tracks(tmp_path: Path) -> 
     finally:
         await edge.close()
         await r2.close()
+
+
+async def test_the_first_track_status_during_an_outage_is_timeout(tmp_path: Path) -> None:
+    """The relay's very first request to a dead upstream (its dial fails while the request
+    waits for it) is TIMEOUT "upstream unreachable", never DOES_NOT_EXIST."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))  # a port nothing answers on
+        port = s.getsockname()[1]
+        r = await relay_at(tmp_path, upstream=[f"moqt://127.0.0.1:{port}/"])
+    try:
+        c = await client(r)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.track_status(make_ns(), b"k.raw.s0"), TIMEOUT)
+        assert e.value.code == RequestErrorCode.TIMEOUT
+        assert e.value.reason == UNREACHABLE
+    finally:
+        await r.close()

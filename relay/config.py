@@ -162,6 +162,8 @@ KEYS: tuple[Key, ...] = (
         "Announcing upward: one PUBLISH_NAMESPACE per distinct first N fields of the "
         "namespaces this relay holds (2: per KVCS scope); 0: one per whole namespace.",
         str(RelayConfig.upstream_announce_fields)),
+    Key("upstream_push", _bool, False, "PUBLISH every Track this relay's publishers PUBLISH "
+        "to the upstream relay as it arrives (off: pulled on demand).", "false", is_flag=True),
     Key("upstream_insecure", _bool, False, "Do not verify the upstream certificate (loopback "
         "development only).", "false", is_flag=True),
     Key("memory_bytes", _int, RelayConfig.memory_bytes, "Byte bound of the memory tier "
@@ -241,7 +243,8 @@ class Settings:
             lmdb_bytes=v["lmdb_bytes"], lmdb_max_age=v["lmdb_max_age"],
             max_datagram_size=v["max_datagram_size"], quic_backend=v["quic_backend"],
             options=RelayOptions(max_backlog_bytes=v["max_backlog_bytes"],
-                                 default_fill_timeout=v["fill_timeout"]),
+                                 default_fill_timeout=v["fill_timeout"],
+                                 upstream_push=v["upstream_push"]),
             auth_tokens=[dict(t) for t in self.auth_tokens],
             metrics_listen=v["metrics_listen"], drain_timeout=v["drain_timeout"],
             ready_file=v["ready_file"])

@@ -181,10 +181,14 @@ class RelayHandler(SessionHandler):
         if not self._allowed(req, Role.PUBLISH, req.namespace):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized to publish there")
             return
-        track = self.relay.track(req.full_name)
+        relay = self.relay
+        track = relay.track(req.full_name)
         sub = await req.accept()
-        self.relay.counters.inc("publish_accepted")
-        announcer = self.relay.announcer
+        relay.counters.inc("publish_accepted")
+        if relay.push is not None and self.reach is Reach.ALL:
+            # before the Track ingests anything: the push misses no Object
+            await relay.push.start(track, tuple(sub.track_properties or ()))
+        announcer = relay.announcer
         if announcer is not None:
             announcer.add(req.namespace)  # routable from above while it is pushed here
         try:

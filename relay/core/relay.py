@@ -51,6 +51,7 @@ from .auth import Authorizer
 from .cache import stored_object
 from .handler import RelayHandler
 from .namespaces import NamespaceTable, PublisherEntry, Reach
+from .push import UpstreamPush
 from .track import MarkerSpans, RelayTrack
 from .upstream import UNREACHABLE, UpstreamLink
 
@@ -86,6 +87,9 @@ class RelayOptions:
     in_flight_wait: float = 1.0
     # Sessions served at once (setting up included); more are refused at once. 0: no bound.
     max_sessions: int = 0
+    # With an upstream relay: PUBLISH to it every Track our publishers PUBLISH, as it
+    # arrives (relay/core/push.py); off: Tracks are pulled from here on demand.
+    upstream_push: bool = False
 
 
 @dataclass
@@ -146,10 +150,13 @@ class Relay:
         # lower relays' sessions and the prefixes followed on each (SUBSCRIBE_NAMESPACE down)
         self._children: dict[MoqtSession, dict[TrackNamespace, Any]] = {}
         self.announcer: UpwardAnnouncer | None = None
+        self.push: UpstreamPush | None = None
         if upstream is not None:
             # requests the upstream relay routes down to us are answered from our own sources
             upstream.handler_factory = lambda: RelayHandler(self, reach=Reach.OWN)
             self.announcer = UpwardAnnouncer(self, upstream, announce_fields, upstream_token)
+            if self.options.upstream_push:
+                self.push = UpstreamPush(self)
         durable = store.durable
         if durable is not None:
             for ns, _ in durable.tracks():

@@ -20,13 +20,14 @@ from relay_helpers import (
     make_ns,
     push_track,
     relay_at,
+    wait_cached,
 )
 
 from relay.core.auth import tokens_of
 from relay.core.namespaces import PublisherEntry
-from relay.core.relay import RELAY_IMPLEMENTATION
+from relay.core.relay import RELAY_IMPLEMENTATION, RelayOptions
 from relay.moqt.codes import RequestErrorCode
-from relay.moqt.primitives import FullTrackName, TrackNamespace
+from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
 from relay.service import RunningRelay
 from relay.session import MoqtSession, NamespaceEvent, RequestRejected, SessionConfig
 
@@ -284,6 +285,40 @@ async def test_announcing_up_is_authorized_per_scope(tmp_path: Path,
         assert got == tracks[1].sent
         up = a.relay.upstream
         assert up is not None and up.connects == 1 and up.lost == 0
+    finally:
+        for x in (b, a, r):
+            await x.close()
+
+
+@pytest.mark.parametrize("push", [True, False])
+async def test_pushed_up_tracks_outlive_the_lower_relay(tmp_path: Path, push: bool) -> None:
+    """upstream_push: what A's publisher PUBLISHes reaches R as it arrives, so R serves it
+    after A has gone; without it, R knew it only through A."""
+    r = await relay_at(tmp_path / "r")
+    a = await relay_at(tmp_path / "a", upstream=[r.url],
+                       options=RelayOptions(upstream_push=push))
+    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    name = FullTrackName(make_ns(), b"kv.raw.s0")
+    try:
+        pub = await client(a)
+        t = await push_track(pub, name, layers=3)
+        for g in range(3):
+            await t.group(g, group_payloads(g, 4))
+        await t.end()
+        if push:  # the root holds the whole Track, End of Track included
+            await wait_cached(r, name, Location(3, 0))
+        await a.close()
+        c = await client(b)
+        if push:
+            _resp, got = await fetch_objects(c, name)
+            assert got == t.sent
+            assert a.relay.counters.get("upstream_pushes") == 1
+            assert r.relay.counters.get("upstream_fetches") == 0  # nothing pulled from A
+        else:
+            with pytest.raises(RequestRejected) as e:
+                await asyncio.wait_for(c.fetch(name.namespace, name.name), TIMEOUT)
+            assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
+            assert a.relay.counters.get("upstream_pushes") == 0
     finally:
         for x in (b, a, r):
             await x.close()

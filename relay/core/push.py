@@ -1,0 +1,80 @@
+"""Pushing up (``upstream_push``, docs/relay.md "Trees"): a relay whose publishers PUBLISH a
+Track also PUBLISHes it to its upstream relay, Object by Object as it arrives.
+
+Off by default: announcing upward already makes every Track routable from the whole tree,
+pulled on first demand. Pushing trades upstream bandwidth for two things: the copy above
+outlives this relay (a lower relay on a spot host, a prefill node's sidecar), and the first
+remote consumer does not wait for the pull's round trips through the tree. The push is one
+more subscriber of the Track here (a Forwarder), so a slow upstream is bounded like any slow
+subscriber (``max_backlog_bytes``: it ends as TOO_FAR_BEHIND, the Track stays served here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from relay.moqt.params import Params
+from relay.moqt.primitives import Location, format_full_track_name
+from relay.session import MoqtSession, RequestRejected
+from relay.session.errors import SessionFailure
+from relay.transport import TransportError
+
+from .forwarder import Forwarder
+from .scheduler import SessionScheduler
+
+if TYPE_CHECKING:
+    from .relay import Relay
+    from .track import RelayTrack
+
+log = logging.getLogger("kvcs.relay")
+
+
+class UpstreamPush:
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self._schedulers: dict[MoqtSession, SessionScheduler] = {}
+
+    def _scheduler(self, session: MoqtSession) -> SessionScheduler:
+        for s in [s for s in self._schedulers if s.closed]:
+            del self._schedulers[s]
+        sched = self._schedulers.get(session)
+        if sched is None:
+            sched = self._schedulers[session] = SessionScheduler(session.spawn)
+        return sched
+
+    async def start(self, track: RelayTrack, properties: tuple[Any, ...]) -> None:
+        """Push ``track`` up from its first Object. Called before the Track ingests
+        anything from its publisher, so the push, registered as one more subscriber of the
+        Track here, misses nothing; it is attached once the upstream accepted our PUBLISH
+        (until then the Forwarder queues, bounded by its backlog)."""
+        relay = self.relay
+        up = await relay.upstream.get() if relay.upstream is not None else None
+        if up is None:
+            relay.counters.inc("upstream_pushes_failed")
+            return
+        fwd = Forwarder(Params(forward=True), self._scheduler(up), Location(0, 0), None,
+                        max_backlog=relay.options.max_backlog_bytes,
+                        on_close=lambda f: track.forwarders.discard(f))
+        fwd.counters = relay.counters
+        track.forwarders.add(fwd)
+        up.spawn(self._publish(up, track, properties, fwd), "push-up")
+
+    async def _publish(self, up: MoqtSession, track: RelayTrack, properties: tuple[Any, ...],
+                       fwd: Forwarder) -> None:
+        relay = self.relay
+        name = track.full_name
+        try:
+            served = await asyncio.wait_for(
+                up.publish(name.namespace, name.name, properties=properties),
+                relay.options.default_fill_timeout)
+        except (RequestRejected, SessionFailure, TransportError, TimeoutError) as e:
+            fwd.close()
+            relay.counters.inc("upstream_pushes_failed")
+            log.warning("push of %s upstream refused or failed: %s; it is served here only",
+                        format_full_track_name(*name), e or "no answer in time")
+            return
+        fwd.attach(served)
+        relay.counters.inc("upstream_pushes")
+        await fwd.wait_finished(served.cancelled)

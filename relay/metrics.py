@@ -142,6 +142,21 @@ class RelayCollector(Collector):
         yield _counter("upstream_sessions_lost", "Upstream relay sessions that ended without "
                        "the relay closing them (e.g. idle timeout: the upstream died).",
                        up.lost if up is not None else 0)
+        ann = relay.announcer
+        g = GaugeMetricFamily(P + "upstream_announcements",
+                              "Namespace prefixes announced to the upstream relay now.")
+        g.add_metric([], len(ann.announced) if ann is not None else 0)
+        yield g
+        yield _counter("upstream_announcements_refused", "PUBLISH_NAMESPACE the upstream "
+                       "relay refused (served locally).",
+                       c.get("upstream_announcements_refused", 0))
+        yield _counter("upstream_announcements_uncovered", "Prefixes not announced: the "
+                       "upstream token does not cover them.",
+                       c.get("upstream_announcements_uncovered", 0))
+        yield _counter("upstream_pushes", "Tracks pushed to the upstream relay (PUBLISH).",
+                       c.get("upstream_pushes", 0))
+        yield _counter("upstream_pushes_failed", "Pushes to the upstream relay that could "
+                       "not start.", c.get("upstream_pushes_failed", 0))
         yield _counter("upstream_unreachable", "Requests refused with TIMEOUT because the "
                        "upstream relay was unreachable or did not answer in time.",
                        c.get("upstream_unreachable", 0))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -139,3 +140,65 @@ def test_dockerfile_refers_to_what_the_repository_has() -> None:
         "optional-dependencies"]
     assert any("'.[fast]'" in rest for op, rest in instr if op == "RUN") and "fast" in extras
     assert "KVCS_RELAY_QUIC_BACKEND=qh3" in env
+
+
+ROOT_URL = "moqt://root-kvcs-relay-0.root-kvcs-relay-headless.kvcs.svc.cluster.local:4433/"
+
+
+def _tree() -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], Any]]:
+    """A two-tier tree as the values file documents it: a root release of 3 replicas with a
+    certificate, an edge release of 4 replicas under it, with the token it announces with."""
+    root = _render({"replicaCount": 3, "tls": FULL["tls"]}, name="root")
+    edge = _render({"replicaCount": 4, "upstream": ["moqt://root-kvcs-relay.kvcs.svc:4433/"],
+                    "upstreamToken": "edge-s3cret", "upstreamPush": True}, name="edge")
+    for d in root + edge:
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+    return ({(d["kind"], d["metadata"]["name"]): d for d in root},
+            {(d["kind"], d["metadata"]["name"]): d for d in edge})
+
+
+def _conf(docs: dict[tuple[str, str], Any], name: str) -> dict[str, Any]:
+    text = docs["ConfigMap", name]["data"]["relay.toml"]
+    conf = tomllib.loads(text)
+    assert set(conf) <= set(KEY_BY_NAME)
+    for key, raw in conf.items():
+        KEY_BY_NAME[key].parse(raw)
+    return conf
+
+
+def test_a_two_tier_tree_renders_with_its_upstream_token_and_announcing() -> None:
+    _root, edge = _tree()
+    conf = _conf(edge, "edge-kvcs-relay")
+    assert conf["upstream"] == ["moqt://root-kvcs-relay.kvcs.svc:4433/"]
+    assert conf["upstream_push"] is True and conf["upstream_announce_fields"] == 2
+    # the token is a Secret mounted where the configuration points, never in the ConfigMap
+    assert "edge-s3cret" not in edge["ConfigMap", "edge-kvcs-relay"]["data"]["relay.toml"]
+    secret = edge["Secret", "edge-kvcs-relay-upstream-token"]["stringData"]["upstream.token"]
+    assert secret == "edge-s3cret"
+    sts = edge["StatefulSet", "edge-kvcs-relay"]
+    assert sts["spec"]["replicas"] == 4
+    c = sts["spec"]["template"]["spec"]["containers"][0]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert Path(conf["upstream_token"]).parent == Path(mounts["upstream-token"])
+    assert "command" not in c  # an edge tier's replicas all dial the root's Service
+
+
+def test_a_root_tier_of_several_replicas_links_them_to_replica_0(tmp_path: Path) -> None:
+    root, _edge = _tree()
+    conf = _conf(root, "root-kvcs-relay")
+    assert conf["upstream"] == [] and conf["upstream_ca"] == "/etc/kvcs/tls/tls.crt"
+    c = root["StatefulSet", "root-kvcs-relay"]["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["/bin/sh", "-c"]
+    # run the container's script with a stand-in `kvcs` that shows what it was given
+    fake = tmp_path / "kvcs"
+    fake.write_text('#!/bin/sh\necho "${KVCS_RELAY_UPSTREAM:-none}|$*"\n')
+    fake.chmod(0o755)
+    for pod, upstream in (("root-kvcs-relay-0", "none"), ("root-kvcs-relay-2", ROOT_URL)):
+        out = subprocess.run(["/bin/sh", "-c", c["args"][0]], capture_output=True, text=True,
+                             env={"PATH": f"{tmp_path}:/usr/bin:/bin", "HOSTNAME": pod},
+                             check=True, timeout=30).stdout.strip()
+        assert out == f"{upstream}|relay --config /etc/kvcs/relay.toml", pod
+    # unverifiable: refused at render time with what to do
+    with pytest.raises(Exception, match="root tier of several replicas"):
+        _render({"replicaCount": 2}, name="root")
+    _render({"replicaCount": 2, "rootReplicas": {"link": False}}, name="root")

@@ -322,3 +322,29 @@ async def test_pushed_up_tracks_outlive_the_lower_relay(tmp_path: Path, push: bo
     finally:
         for x in (b, a, r):
             await x.close()
+
+
+async def test_announced_again_after_failover_to_the_next_upstream(tmp_path: Path) -> None:
+    """The upstream session lost, the link fails over to the next --upstream URL and every
+    announcement is made again there."""
+    r1 = await relay_at(tmp_path / "r1")
+    r2 = await relay_at(tmp_path / "r2")
+    a = await relay_at(tmp_path / "a", upstream=[r1.url, r2.url])
+    ns = make_ns()
+    closed = False
+    try:
+        pub = await client(a)
+        await asyncio.wait_for(pub.publish_namespace(ns), TIMEOUT)
+        await until_namespace(await client(r1), ns[:4], ns)
+        up = a.relay.upstream
+        assert up is not None and up.connects == 1
+        await r1.close()  # the first upstream goes away
+        closed = True
+        await until_namespace(await client(r2), ns[:4], ns)
+        assert up.connects == 2
+        assert a.relay.announcer is not None and a.relay.announcer.announced == [ns[:2]]
+    finally:
+        await a.close()
+        await r2.close()
+        if not closed:
+            await r1.close()

@@ -258,6 +258,7 @@ class RelayHandler(SessionHandler):
         err = await relay.ensure_upstream(track, reach=self.reach)
         ended = err is not None and track.store.known_final(track.key) is not None
         if err is not None and not ended:
+            err = relay.in_outage(track, err)
             relay.forget_if_idle(track)
             await self._refuse(req, err.code, err.reason)
             return
@@ -438,11 +439,15 @@ class RelayHandler(SessionHandler):
             relay.forget_if_idle(track)
             err = relay.unreachable_error() if self.reach is not Reach.OWN else None
             if unanswered or err is not None:
-                await self._refuse(req, RequestErrorCode.TIMEOUT, UNREACHABLE)
+                err = relay.in_outage(track, RequestRejected(RequestErrorCode.TIMEOUT,
+                                                             UNREACHABLE))
+                await self._refuse(req, err.code, err.reason)
                 return
-            await req.reject(RequestErrorCode.DOES_NOT_EXIST
-                             if not relay._sources(req.namespace, self.reach) else
-                             RequestErrorCode.INVALID_RANGE, "nothing published")
+            refusal = RequestRejected(RequestErrorCode.DOES_NOT_EXIST
+                                      if not relay._sources(req.namespace, self.reach) else
+                                      RequestErrorCode.INVALID_RANGE, "nothing published")
+            relay.learned(track, refusal)  # asked and answered: absent, as far as we know
+            await req.reject(refusal.code, refusal.reason)
             return
         rng = resolve_fetch_range(lf, largest)
         if rng is None or rng.is_empty or rng.end is None:
@@ -537,6 +542,7 @@ class RelayHandler(SessionHandler):
         if largest is None:
             relay.forget_if_idle(track)
             if err is not None:
+                err = relay.in_outage(track, err)
                 await self._refuse(req, err.code, err.reason)
                 return
             await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no such track")

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cachetools import LRUCache
+
 from relay.moqt.codes import (
     GroupOrder,
     LocationFilterType,
@@ -63,6 +65,9 @@ CACHE = "cache"  # the namespace source of Tracks the relay itself holds in LMDB
 # What a lower relay says in SETUP (MOQT_IMPLEMENTATION): the relay it announces to then asks
 # it which namespaces it holds under each prefix it announced (SUBSCRIBE_NAMESPACE down).
 RELAY_IMPLEMENTATION = "kvcs-relay/0.1 tree"
+
+
+ABSENT_TRACKS = 4096  # Track names remembered as answered DOES_NOT_EXIST upstream
 
 
 # The relay evaluates every Range filter on every path, so it advertises more Ranges than the
@@ -149,6 +154,10 @@ class Relay:
         self._expiry_task: asyncio.Future[None] | None = None
         # lower relays' sessions and the prefixes followed on each (SUBSCRIBE_NAMESPACE down)
         self._children: dict[MoqtSession, dict[TrackNamespace, Any]] = {}
+        # Tracks a source answered DOES_NOT_EXIST for (bounded): what the relay learned of a
+        # Track's absence is served like what it learned of its Objects, also while the
+        # upstream is unreachable (a consumer then moves on instead of seeing an outage)
+        self._absent: LRUCache[FullTrackName, bool] = LRUCache(maxsize=ABSENT_TRACKS)
         self.announcer: UpwardAnnouncer | None = None
         self.push: UpstreamPush | None = None
         if upstream is not None:
@@ -462,10 +471,12 @@ class Relay:
                         self.options.default_fill_timeout)
                 except RequestRejected as e:
                     last = e
+                    self.learned(track, e)
                     continue
                 except (SessionFailure, TransportError, TimeoutError) as e:
                     last = self._unanswered("SUBSCRIBE", track, e)
                     continue
+                self.learned(track, None)
                 self.counters.inc("upstream_subscriptions")
                 track.attach_upstream(sub)
                 src.spawn(track.ingest(sub), "ingest")
@@ -474,6 +485,25 @@ class Relay:
         finally:
             track.establishing = None
             fut.set_result(None)
+
+    def learned(self, track: RelayTrack, e: RequestRejected | None) -> None:
+        """A source's answer about ``track``: DOES_NOT_EXIST is remembered, anything it
+        served forgets that."""
+        if e is None:
+            self._absent.pop(track.full_name, None)
+        elif e.code == RequestErrorCode.DOES_NOT_EXIST:
+            self._absent[track.full_name] = True
+
+    def in_outage(self, track: RelayTrack, err: RequestRejected) -> RequestRejected:
+        """The refusal to give while the upstream is unreachable: DOES_NOT_EXIST for a
+        Track the relay holds nothing of and a source said does not exist (what it learned
+        still holds), else ``err`` (TIMEOUT: it may exist up there)."""
+        if err.reason == UNREACHABLE and track.largest() is None and \
+                track.full_name in self._absent:
+            return RequestRejected(RequestErrorCode.DOES_NOT_EXIST,
+                                   "does not exist (as learned before the upstream became "
+                                   "unreachable)")
+        return err
 
     @staticmethod
     def _unanswered(what: str, track: RelayTrack, e: Exception) -> RequestRejected:
@@ -524,6 +554,7 @@ class Relay:
                                        Params(location_filter=lf,
                                               group_order=GroupOrder.ASCENDING))
                 self.counters.inc("upstream_fetches")
+                self.learned(track, None)
                 if resp.end_location is not None and resp.end_location.object != OBJECT_MAX:
                     # End Location is at most the responder's Largest Object (§7.10) —
                     # unless it is {G, 2^64-1}, "all of Group G" (a convention some peers
@@ -552,6 +583,8 @@ class Relay:
                     track.mark_absent(spans.absent(start, min(end, covered)))
                 return True
             except (RequestRejected, StreamAborted, SessionFailure, TransportError) as e:
+                if isinstance(e, RequestRejected):
+                    self.learned(track, e)
                 log.info("upstream FETCH for %r failed: %s", track, e)
         return False
 
@@ -570,6 +603,7 @@ class Relay:
                     self.options.default_fill_timeout)
             except RequestRejected as e:
                 log.info("upstream TRACK_STATUS for %r refused: %s", track, e)
+                self.learned(track, e)
                 continue
             except (TimeoutError, SessionFailure, TransportError) as e:
                 err = self._unanswered("TRACK_STATUS", track, e)

@@ -348,3 +348,48 @@ async def test_announced_again_after_failover_to_the_next_upstream(tmp_path: Pat
         await r2.close()
         if not closed:
             await r1.close()
+
+
+async def test_an_edge_serves_what_it_learned_of_absence_while_its_origin_is_dead(
+        tmp_path: Path) -> None:
+    """Issue 26 item 3: a publication fetched once through an edge (its manifest.cose
+    answered DOES_NOT_EXIST by the origin), then the origin dies: the edge still serves the
+    publication, and says manifest.cose does not exist rather than "upstream unreachable";
+    a Track it learned nothing about is still TIMEOUT."""
+    origin = await relay_at(tmp_path / "o")
+    edge = await relay_at(tmp_path / "e", upstream=[origin.url])
+    ns = make_ns()
+    name = FullTrackName(ns, b"manifest")
+    closed = False
+    try:
+        pub = await client(origin)
+        t = await push_track(pub, name, layers=1)
+        await t.group(0, group_payloads(0, 2))
+        await t.end()
+        c = await client(edge)
+        for code in (RequestErrorCode.DOES_NOT_EXIST, RequestErrorCode.DOES_NOT_EXIST):
+            with pytest.raises(RequestRejected) as e:  # asked twice: learned once is enough
+                await asyncio.wait_for(c.fetch(ns, b"manifest.cose"), TIMEOUT)
+            assert e.value.code == code
+        _resp, got = await fetch_objects(c, name)
+        assert got == t.sent
+        await origin.close()
+        closed = True
+        up = edge.relay.upstream
+        assert up is not None
+        async with asyncio.timeout(TIMEOUT):
+            while up.session is not None:  # the edge noticed (the origin closed its session)
+                await asyncio.sleep(0)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(ns, b"manifest.cose"), TIMEOUT)
+        assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
+        _resp, got = await fetch_objects(c, name)
+        assert got == t.sent
+        for ask in (c.fetch(ns, b"k.raw.s0"), c.track_status(ns, b"k.raw.s0")):
+            with pytest.raises(RequestRejected) as e:
+                await asyncio.wait_for(ask, TIMEOUT)
+            assert e.value.code == RequestErrorCode.TIMEOUT
+    finally:
+        await edge.close()
+        if not closed:
+            await origin.close()

@@ -172,6 +172,11 @@ class Relay:
                 self._announce_cached(tuple(ns))
             self._arm_expiry(durable.next_expiry())
 
+    def _holds(self, namespace: TrackNamespace) -> bool:
+        """Objects of a Track of ``namespace`` are cached here (memory or LMDB)."""
+        return any(t.full_name.namespace == namespace and t.largest() is not None
+                   for t in self.tracks.values())
+
     def _announce_cached(self, namespace: TrackNamespace) -> None:
         """The relay holds a complete Track of ``namespace`` in LMDB: it stays discoverable
         with SUBSCRIBE_NAMESPACE after its publisher has gone (and after a restart), since
@@ -328,7 +333,7 @@ class Relay:
             return
         # on the writer thread: after the write that evicted, and off the event loop
         held = {tuple(ns) for ns, _ in await asyncio.wrap_future(durable.submit(durable.tracks))}
-        for ns in [ns for ns in self._cached_ns if ns not in held]:
+        for ns in [ns for ns in self._cached_ns if ns not in held and not self._holds(ns)]:
             self.namespaces.remove_publisher(self._cached_ns.pop(ns))
 
     # -- expiry (lmdb_max_age, MAX_CACHE_DURATION) ------------------------------------------------
@@ -697,6 +702,10 @@ class Relay:
             pass
         finally:
             for e in entries.values():
+                if upstream and self._holds(e.namespace):
+                    # the source is gone, not the namespace: what this relay holds of it
+                    # stays discoverable and served (as learned, like its Objects)
+                    self._announce_cached(e.namespace)
                 self.namespaces.remove_publisher(e)
 
     # -- shutdown ---------------------------------------------------------------------------------

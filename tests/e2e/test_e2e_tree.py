@@ -31,17 +31,16 @@ SYNTH = "8,4,64,256,float16,1"  # 8 layers: a small real KVCS publication
 
 
 @asynccontextmanager
-async def relay_process(data: Path, port: int, upstream: RunningRelay, *extra: str
+async def relay_process(data: Path, port: int, upstream: RunningRelay | None, *extra: str
                         ) -> AsyncIterator[asyncio.subprocess.Process]:
-    """A `kvcs relay --upstream` process on ``port`` until SIGKILLed or the block ends."""
+    """A `kvcs relay [--upstream]` process on ``port`` until SIGKILLed or the block ends."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    log = (data.parent / f"relay-{port}.log").open("ab")
+    up = ("--upstream", upstream.url, "--upstream-ca", str(upstream.certfile)) \
+        if upstream is not None else ()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "relay.cli", "relay", "--listen", f"127.0.0.1:{port}",
-        "--data-dir", str(data), "--metrics-listen", "off", "--upstream", upstream.url,
-        "--upstream-ca", str(upstream.certfile), *extra, env=env,
+        "--data-dir", str(data), "--metrics-listen", "off", *up, *extra, env=env,
         stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL)
-    log.close()
     assert proc.stderr is not None
     try:
         async with asyncio.timeout(60):
@@ -165,3 +164,32 @@ async def test_a_lower_relay_with_two_workers_is_one_relay_to_its_upstream(
             await s.aclose()
         await b.close()
         await r.close()
+
+
+async def test_an_edge_serves_a_publication_it_holds_after_its_origin_died(
+        tmp_path: Path) -> None:
+    """Issue 26 item 3, as a user saw it: `kvcs fetch` at an edge of a publication it
+    fetched once before, after its origin was SIGKILLed: exit 0, bit for bit."""
+    (tmp_path / "scope.key").write_bytes(os.urandom(32))
+    port = free_udp_port()
+    async with relay_process(tmp_path / "o", port, None) as origin:
+        url = f"moqt://127.0.0.1:{port}/"
+        edge = await relay_at(tmp_path / "e", upstream=[url])
+        try:
+            code, _out, err = await run_kvcs(
+                "publish", "--relay", url, "--ca", str(tmp_path / "o" / "tls" / "cert.pem"),
+                "--synthetic", SYNTH, "--scope-key", str(tmp_path / "scope.key"),
+                "--out", str(tmp_path / "published.safetensors"), timeout=60)
+            assert code == 0, err
+            code, _out, err = await run_kvcs(*fetch_args(edge, tmp_path, "first", 30000),
+                                             timeout=60)
+            assert code == 0, err
+            origin.kill()
+            await origin.wait()
+            code, _out, err = await run_kvcs(*fetch_args(edge, tmp_path, "again", 30000),
+                                             timeout=60)
+            assert code == 0, err
+            assert same_cache(tmp_path / "published.safetensors",
+                              tmp_path / "again.safetensors")
+        finally:
+            await edge.close()

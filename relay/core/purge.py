@@ -79,6 +79,7 @@ async def purge(relay: Relay, prefix: TrackNamespace) -> PurgeResult:
     for ns in list(relay.namespaces.namespaces()):
         if namespace_matches_prefix(ns, prefix) and (ns in purged_ns or ns in relay._cached_ns):
             relay._cached_ns.pop(ns, None)
+            relay._kept_ns.pop(ns, None)
             if relay.namespaces.remove_namespace(ns):
                 result.namespaces_done.append(ns)
     relay.counters.inc("admin_purged_tracks", len(result.removed))

@@ -143,6 +143,8 @@ class Relay:
         self.siblings: set[MoqtSession] = set()  # sessions to sibling workers
         self._upstream_ns: dict[TrackNamespace, Any] = {}
         self._cached_ns: dict[TrackNamespace, PublisherEntry] = {}
+        # namespaces learned from a source that has gone, of which Objects are still held
+        self._kept_ns: dict[TrackNamespace, PublisherEntry] = {}
         self._created = 0
         self._evictions_seen = store.durable.evicted_tracks if store.durable is not None else 0
         self.sweep_every = 1024  # new Tracks between two sweeps of the registry
@@ -261,6 +263,8 @@ class Relay:
                     self.store.largest_object(t.key) is None:
                 self._forget(t)
                 dropped += 1
+        for ns in [ns for ns in self._kept_ns if not self._holds(ns)]:
+            self.namespaces.remove_publisher(self._kept_ns.pop(ns))
         return dropped
 
     def forget_if_idle(self, track: RelayTrack) -> None:
@@ -333,7 +337,7 @@ class Relay:
             return
         # on the writer thread: after the write that evicted, and off the event loop
         held = {tuple(ns) for ns, _ in await asyncio.wrap_future(durable.submit(durable.tracks))}
-        for ns in [ns for ns in self._cached_ns if ns not in held and not self._holds(ns)]:
+        for ns in [ns for ns in self._cached_ns if ns not in held]:
             self.namespaces.remove_publisher(self._cached_ns.pop(ns))
 
     # -- expiry (lmdb_max_age, MAX_CACHE_DURATION) ------------------------------------------------
@@ -702,10 +706,13 @@ class Relay:
             pass
         finally:
             for e in entries.values():
-                if upstream and self._holds(e.namespace):
+                if upstream and e.namespace not in self._kept_ns and \
+                        self._holds(e.namespace):
                     # the source is gone, not the namespace: what this relay holds of it
-                    # stays discoverable and served (as learned, like its Objects)
-                    self._announce_cached(e.namespace)
+                    # stays discoverable and served (as learned, like its Objects) until
+                    # the registry forgets its last Track (sweep)
+                    kept = self._kept_ns[e.namespace] = PublisherEntry(e.namespace, CACHE)
+                    self.namespaces.add_publisher(kept)
                 self.namespaces.remove_publisher(e)
 
     # -- shutdown ---------------------------------------------------------------------------------

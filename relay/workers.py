@@ -13,6 +13,12 @@ through the environment), and then:
 * on SIGTERM/SIGINT passes the signal on (each worker drains: GOAWAY, fills, FETCHes,
   commits) and exits 0 once every worker has.
 
+A worker never outlives its supervisor: a supervisor that dies without passing a signal on
+(SIGKILL, the OOM killer, a crash) would otherwise leave its workers serving the port with
+nobody to restart, aggregate or stop them. Each worker asks the kernel for SIGTERM when its
+parent dies (``PR_SET_PDEATHSIG``, Linux) and, where that is not available, watches a pipe
+whose write end only the supervisor holds (``follow_supervisor``).
+
 How the workers find each other and share Tracks: ``relay/core/siblings.py``; the design and
 its limits: ``docs/workers.md``.
 """
@@ -21,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
@@ -30,6 +38,8 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,10 +90,64 @@ def worker_sockets(host: str, port: int, n: int) -> list[socket.socket]:
     return socks
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _arm_parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``). False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_pipe(fd: int, on_closed: Callable[[], None]) -> threading.Thread:
+    """A daemon thread that calls ``on_closed`` once ``fd`` reads end of file: every copy of
+    the pipe's write end is closed, which the kernel does for a process that dies."""
+    def watch() -> None:
+        try:
+            while os.read(fd, 64):
+                pass  # the supervisor never writes; read on until the end
+        except OSError:
+            pass  # closed under us: treated as the end too
+        on_closed()
+
+    t = threading.Thread(target=watch, name="supervisor-watch", daemon=True)
+    t.start()
+    return t
+
+
+def follow_supervisor(supervisor_pid: int, pipe_fd: int | None) -> bool:
+    """In a worker, at start: end this process (SIGTERM: the usual drain) when the supervisor
+    dies, whichever way it dies. False if the supervisor is already gone (the caller exits).
+
+    ``PR_SET_PDEATHSIG`` is the first means; the pipe (its write end held by the supervisor
+    alone, ``pipe_fd`` its read end) is the fallback where the prctl is not available. Only
+    one of them signals, so the worker drains once rather than having a second signal cut
+    its drain short.
+    """
+    armed = _arm_parent_death_signal(signal.SIGTERM)
+    # the supervisor may have died between our fork and the prctl: then no signal will come
+    if os.getppid() != supervisor_pid:
+        return False
+    if pipe_fd is not None:
+        if armed:  # the kernel signals us; the pipe need not be watched, nor kept
+            os.close(pipe_fd)
+        else:
+            _watch_pipe(pipe_fd, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    return True
+
+
 @dataclass
 class _Worker:
     index: int
     proc: asyncio.subprocess.Process | None = None
+    # write end of the pipe whose end of file tells the worker its supervisor is gone
+    pipe: int | None = None
     restarts: int = 0
     failures_in_a_row: int = 0
     waiter: asyncio.Task[int] | None = field(default=None, repr=False)
@@ -124,18 +188,34 @@ class Supervisor:
     async def _spawn(self, w: _Worker) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._ready_path(w.index).unlink()
+        self._close_pipe(w)
+        # os.pipe() is not inheritable: only this worker gets the read end (pass_fds), and no
+        # other child ever holds a copy of the write end that would keep the pipe open
+        read_end, w.pipe = os.pipe()
         env = {**os.environ, **self.env,
                "KVCS_WORKER_INDEX": str(w.index), "KVCS_WORKER_DIR": str(self.run_dir),
                "KVCS_WORKER_SECRET": self.secret,
-               "KVCS_WORKER_FD": str(self.sockets[w.index].fileno())}
+               "KVCS_WORKER_FD": str(self.sockets[w.index].fileno()),
+               "KVCS_WORKER_SUPERVISOR": str(os.getpid()),
+               "KVCS_WORKER_PIPE": str(read_end)}
         host = self.config.listen_host
         listen = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
-        w.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "relay.cli", "relay", "--workers", "1", "--listen", listen,
-            "--metrics-listen", "127.0.0.1:0", "--ready-file", str(self._ready_path(w.index)),
-            env=env, pass_fds=(self.sockets[w.index].fileno(),))
+        try:
+            w.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "relay.cli", "relay", "--workers", "1", "--listen",
+                listen, "--metrics-listen", "127.0.0.1:0",
+                "--ready-file", str(self._ready_path(w.index)),
+                env=env, pass_fds=(self.sockets[w.index].fileno(), read_end))
+        finally:
+            os.close(read_end)  # the worker has its copy; ours would hide its EOF from it
         w.waiter = asyncio.ensure_future(w.proc.wait())
         log.info("worker %d started (pid %d)", w.index, w.proc.pid)
+
+    @staticmethod
+    def _close_pipe(w: _Worker) -> None:
+        if w.pipe is not None:
+            os.close(w.pipe)
+            w.pipe = None
 
     def _infos(self) -> dict[int, dict[str, Any]]:
         infos = read_worker_files(self.run_dir)
@@ -184,6 +264,8 @@ class Supervisor:
                 self._http.close()
             for sock in self.sockets:
                 sock.close()
+            for w in self.workers:
+                self._close_pipe(w)
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     async def _supervise(self, stop: asyncio.Event) -> None:
@@ -203,6 +285,7 @@ class Supervisor:
                     log.warning("worker %d (pid %d) exited with %s; restarting in %.1f s",
                                 w.index, w.proc.pid if w.proc else -1, code, delay)
                     w.waiter = None
+                    self._close_pipe(w)
                     await asyncio.sleep(delay)
                     w.restarts += 1
                     await self._spawn(w)

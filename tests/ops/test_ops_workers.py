@@ -52,20 +52,55 @@ async def workers(data: Path, ready: Path) -> AsyncIterator[asyncio.subprocess.P
         "--admin-token-file", str(token_file),
         stdout=asyncio.subprocess.DEVNULL, stderr=log)
     log.close()
+    pids: set[int] = set()
     try:
         async with asyncio.timeout(60):
             while not ready.exists():
                 assert proc.returncode is None, "the supervisor exited before it was ready"
                 await asyncio.sleep(0.05)
+        pids.update(worker_pids(ready))
         yield proc
     finally:
+        if ready.exists():
+            pids.update(worker_pids(ready))  # also the workers started again by the test
+        # stopped as an operator would (SIGTERM: the workers drain and exit), so a test
+        # never leaves a worker running; SIGKILL only if that does not finish in time
         if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        left = await wait_gone(pids, 30)
+        assert not left, f"workers {left} outlived their supervisor"
 
 
 def info(ready: Path) -> dict[str, Any]:
     return json.loads(ready.read_text())  # type: ignore[no-any-return]
+
+
+def worker_pids(ready: Path) -> set[int]:
+    return {int(w["pid"]) for w in info(ready)["workers"] if w["pid"]}
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie waits for whoever adopted
+    it to reap it: it serves nothing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+async def wait_gone(pids: set[int], timeout: float) -> set[int]:
+    """The ``pids`` still running after at most ``timeout`` seconds (polled)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (left := {p for p in pids if running(p)}) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    return left
 
 
 async def sessions_open(metrics_port: int) -> int:
@@ -179,3 +214,51 @@ async def test_two_workers_are_one_relay(tmp_path: Path) -> None:
             assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
         for s in keep:
             await s.aclose()
+
+
+async def test_workers_end_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    """A supervisor SIGKILLed (no signal passed on) takes its workers with it: none of them
+    serves on, orphaned, with nobody to restart, aggregate or stop it."""
+    data, ready = tmp_path / "data", tmp_path / "ready.json"
+    async with workers(data, ready) as sup:
+        pids = worker_pids(ready)
+        assert len(pids) == 2 and all(running(p) for p in pids)
+        sup.kill()
+        await asyncio.wait_for(sup.wait(), TIMEOUT)
+        assert await wait_gone(pids, 30) == set()
+
+
+# A worker where PR_SET_PDEATHSIG is not available (the prctl is made to fail: failure
+# injection), left only with the pipe from its supervisor; the test process plays the
+# supervisor and holds the pipe's write end.
+_PIPE_ONLY_WORKER = """
+import os, signal, sys
+import relay.workers as w
+w._arm_parent_death_signal = lambda sig: False
+assert w.follow_supervisor(os.getppid(), int(sys.argv[1]))
+print("following", flush=True)
+signal.pause()
+"""
+
+
+async def test_without_pdeathsig_the_pipe_ends_the_worker() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _PIPE_ONLY_WORKER, str(read_end), pass_fds=(read_end,),
+            stdout=asyncio.subprocess.PIPE)
+    finally:
+        os.close(read_end)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)
+        assert line == b"following\n"
+        os.close(write_end)  # what the kernel does when the supervisor dies
+        write_end = -1
+        assert await asyncio.wait_for(proc.wait(), TIMEOUT) == -signal.SIGTERM
+    finally:
+        if write_end >= 0:
+            os.close(write_end)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -75,6 +75,37 @@ def scope_totals(tracks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"scope": s, **v} for s, v in sorted(scopes.items())]
 
 
+def content_length(headers: Mapping[str, str]) -> int:
+    """The body's length, at most :data:`MAX_BODY`; `BadRequest` for anything else.
+
+    ASCII digits only: ``str.isdigit()`` also accepts digits such as "²" that ``int()``
+    refuses, and ``int()`` accepts "+5", " 5" and "5_0", none of which is HTTP.
+    """
+    raw = headers.get("content-length", "0")
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 20:
+        raise BadRequest("bad Content-Length (at most 64 KiB)")
+    n = int(raw)
+    if n > MAX_BODY:
+        raise BadRequest("bad Content-Length (at most 64 KiB)")
+    return n
+
+
+class AdminAuth:
+    """The admin token check, shared by a relay's listener and the supervisor's."""
+
+    def __init__(self, token: str) -> None:
+        self._digest = hashlib.sha256(token.encode()).digest()
+
+    def authorized(self, headers: Mapping[str, str]) -> bool:
+        scheme, _, value = headers.get("authorization", "").partition(" ")
+        # compare_digest on every request, also for a missing header, and of equal-length
+        # digests: neither the token's bytes nor its length show in the timing
+        ok = hmac.compare_digest(
+            hashlib.sha256(value.strip().encode()).digest(),
+            self._digest)
+        return ok and scheme.lower() == "bearer"
+
+
 def _json(status: int, doc: Any) -> Answer:
     return status, JSON, (json.dumps(doc, indent=1) + "\n").encode()
 
@@ -88,22 +119,34 @@ class AdminApi:
 
     def __init__(self, relay: Relay, token: str) -> None:
         self.relay = relay
-        self._digest = hashlib.sha256(token.encode()).digest()
+        self._auth = AdminAuth(token)
 
     def authorized(self, headers: Mapping[str, str]) -> bool:
-        scheme, _, value = headers.get("authorization", "").partition(" ")
-        # compare_digest on every request, also for a missing header, and of equal-length
-        # digests: neither the token's bytes nor its length show in the timing
-        ok = hmac.compare_digest(hashlib.sha256(value.strip().encode()).digest(),
-                                 self._digest)
-        return ok and scheme.lower() == "bearer"
+        return self._auth.authorized(headers)
+
+    def note_refused(self, method: str, path: str, why: str) -> None:
+        """A request refused before its token could be accepted: counted and logged (never
+        the token; method and path cut short, since a client chooses them)."""
+        self.relay.counters.inc("admin_unauthorized")
+        log.warning("admin request refused: %s (%s %s)", why, method[:16], path[:64])
+
+    def check(self, method: str, path: str, headers: Mapping[str, str]) -> Answer | None:
+        """The answer to a request without the token (401), before anything else of it is
+        looked at; None when the token is right."""
+        if self.authorized(headers):
+            return None
+        self.note_refused(method, path, "missing or wrong token")
+        return 401, "text/plain", b"unauthorized\n"
 
     async def handle(self, method: str, path: str, headers: Mapping[str, str],
                      body: bytes) -> Answer:
-        if not self.authorized(headers):
-            self.relay.counters.inc("admin_unauthorized")
-            log.warning("admin request refused: missing or wrong token (%s %s)", method, path)
-            return 401, "text/plain", b"unauthorized\n"
+        refused = self.check(method, path, headers)
+        if refused is not None:
+            return refused
+        return await self.serve(method, path, body)
+
+    async def serve(self, method: str, path: str, body: bytes) -> Answer:
+        """An authorized request."""
         if path == PREFIX + "state":
             if method not in ("GET", "HEAD"):
                 return _error(405, "use GET")
@@ -159,12 +202,13 @@ class AdminApi:
 def _purge_prefix(body: bytes) -> TrackNamespace:
     try:
         doc = json.loads(body or b"null")
-    except (ValueError, UnicodeDecodeError):
+    # RecursionError: a deeply nested body ("[" x 60,000 fits in 64 KiB) is malformed too
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise BadRequest('body is not JSON: expected {"prefix": "kvcs-1/<hex>/..."}') from None
     if not isinstance(doc, dict) or set(doc) != {"prefix"} or not isinstance(doc["prefix"], str):
         raise BadRequest('expected {"prefix": "kvcs-1/<hex>/..."} and nothing else')
     return parse_namespace(doc["prefix"])
 
 
-__all__ = ["AdminApi", "BadRequest", "format_namespace", "format_track_name",
-           "parse_namespace"]
+__all__ = ["AdminApi", "AdminAuth", "BadRequest", "content_length", "format_namespace",
+           "format_track_name", "parse_namespace"]

@@ -46,10 +46,16 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.admin import MAX_BODY as ADMIN_MAX_BODY
 from relay.admin import PREFIX as ADMIN_PREFIX
-from relay.admin import scope_totals
+from relay.admin import AdminAuth, BadRequest, content_length, scope_totals
 from relay.core.siblings import read_worker_files
+from relay.metrics import (
+    HeadTooLarge,
+    answer_and_close,
+    parse_headers,
+    read_head,
+    request_target,
+)
 from relay.service import RelayConfig
 from relay.transport import ensure_self_signed
 from relay.transport.burst import make_socket
@@ -166,6 +172,10 @@ class Supervisor:
         self.stopping = False
         self._http: asyncio.Server | None = None
         self._tasks: set[asyncio.Future[None]] = set()
+        # /admin/ requests are refused here, before reaching any worker, when they lack the
+        # token; counted into kvcs_relay_admin_unauthorized_total with the workers' own
+        self._auth = AdminAuth(config.admin_token) if config.admin_token else None
+        self.admin_unauthorized = 0
 
     # -- workers ----------------------------------------------------------------------------
 
@@ -368,40 +378,59 @@ class Supervisor:
 
     async def metrics_text(self) -> str:
         answers = await self._scrape_all("/metrics")
-        return merge_metrics([a[1] for a in answers if a is not None and a[0] == 200],
+        own = ("# HELP kvcs_relay_admin_unauthorized Admin API requests refused for a missing "
+               "or wrong token.\n# TYPE kvcs_relay_admin_unauthorized counter\n"
+               f"kvcs_relay_admin_unauthorized_total {self.admin_unauthorized}\n")
+        return merge_metrics([a[1] for a in answers if a is not None and a[0] == 200] + [own],
                              up=sum(1 for a in answers if a is not None and a[0] == 200))
 
     async def _serve_http(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(10.0):  # a stuck client must not hold a task forever
-                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-                lines = head.split("\r\n")
-                parts = lines[0].split()
-                path = parts[1].split("?", 1)[0] if len(parts) > 1 else ""
-                if path.startswith(ADMIN_PREFIX):
-                    headers = {k.strip().lower(): v.strip() for k, _, v in
-                               (ln.partition(":") for ln in lines[1:] if ln)}
-                    n = headers.get("content-length", "0")
-                    if not n.isdigit() or int(n) > ADMIN_MAX_BODY:
-                        status, ctype, body = "400 Bad Request", "text/plain", \
-                            "bad Content-Length (at most 64 KiB)\n"
-                    else:
-                        payload = await reader.readexactly(int(n)) if int(n) else b""
-                        status, ctype, body = await self._admin(parts[0], path, headers,
-                                                                payload)
-                else:
-                    status, ctype, body = await self._route(path)
-        except (OSError, TimeoutError, UnicodeError, asyncio.IncompleteReadError,
+                try:
+                    lines = await read_head(reader)
+                    status, ctype, body = await self._answer(lines, reader)
+                except HeadTooLarge as e:
+                    method, path = request_target(e.request_line)
+                    if self._auth is not None and path.startswith(ADMIN_PREFIX):
+                        self._refused(method, path, "request head too large")
+                    status, ctype, body = ("431 Request Header Fields Too Large",
+                                           "text/plain", "request head too large\n")
+                payload = body.encode()
+                await answer_and_close(reader, writer, (
+                    f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
+                    f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError,
                 asyncio.LimitOverrunError):
+            pass
+        except Exception:
+            log.exception("request to the supervisor's listener failed")
+        finally:
             writer.close()
-            return
-        payload = body.encode()
-        writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
-                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-        with contextlib.suppress(OSError):
-            await writer.drain()
-        writer.close()
+
+    def _refused(self, method: str, path: str, why: str) -> None:
+        self.admin_unauthorized += 1
+        log.warning("admin request refused: %s (%s %s)", why, method[:16], path[:64])
+
+    async def _answer(self, lines: list[str], reader: asyncio.StreamReader
+                      ) -> tuple[str, str, str]:
+        method, path = request_target(lines[0] if lines else "")
+        if not path.startswith(ADMIN_PREFIX):
+            return await self._route(path)
+        if self._auth is None:  # off: as if it did not exist, as on a single relay
+            return "404 Not Found", "text/plain", "not found\n"
+        headers = parse_headers(lines[1:])
+        # the token first, from the headers alone, as a single relay does (relay/metrics.py)
+        if not self._auth.authorized(headers):
+            self._refused(method, path, "missing or wrong token")
+            return "401 Unauthorized", "text/plain", "unauthorized\n"
+        try:
+            length = content_length(headers)
+        except BadRequest as e:
+            return "400 Bad Request", "text/plain", f"{e}\n"
+        payload = await reader.readexactly(length) if length else b""
+        return await self._admin(method, path, headers, payload)
 
     async def _route(self, path: str) -> tuple[str, str, str]:
         text = "text/plain; charset=utf-8"

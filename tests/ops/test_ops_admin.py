@@ -12,7 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from admin_helpers import TOKEN, admin_relay, committed_track, http, purge
+from admin_helpers import (
+    TOKEN,
+    abusive_requests,
+    admin_relay,
+    committed_track,
+    http,
+    purge,
+    raw_http,
+)
 from test_ops_metrics import scrape, val
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
@@ -202,3 +210,24 @@ async def test_kvcs_admin_client(tmp_path: Path) -> None:
         assert "Traceback" not in err
     finally:
         await r.close()
+
+
+async def test_abusive_requests_get_a_clean_answer_no_traceback_and_are_counted(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A Content-Length that str.isdigit() accepts and int() refuses, a body nested past
+    the recursion limit, a 1 MB header: each is answered (400, 401, 431), none logs a
+    traceback, and those without the token count as refused."""
+    caplog.set_level(logging.DEBUG)
+    r = await admin_relay(tmp_path)
+    try:
+        assert r.metrics_port is not None
+        for what, request, status in abusive_requests():
+            code, body = await raw_http(r.metrics_port, request)
+            assert code == status, what
+            assert len(body.strip().splitlines()) == 1, (what, body)
+        assert val(await scrape(r), "kvcs_relay_admin_unauthorized_total") == 2
+        assert (await http(r.metrics_port, "GET", "/admin/state"))[0] == 200  # still serving
+    finally:
+        await r.close()
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+    assert "Traceback" not in caplog.text

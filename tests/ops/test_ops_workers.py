@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from admin_helpers import TOKEN, http, purge
+from admin_helpers import TOKEN, abusive_requests, http, purge, raw_http
 from ops_http import http_get
 from relay_helpers import (
     TIMEOUT,
@@ -262,3 +262,20 @@ async def test_without_pdeathsig_the_pipe_ends_the_worker() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_supervisor_answers_abusive_admin_requests_cleanly(tmp_path: Path) -> None:
+    """The supervisor's listener, like a single relay's (test_ops_admin.py): each request
+    is answered (400, 401, 431), none leaves a traceback in the supervisor's or a worker's
+    log, and the refusals without the token are counted in the one /metrics."""
+    data, ready = tmp_path / "data", tmp_path / "ready.json"
+    async with workers(data, ready):
+        mport = info(ready)["metrics_port"]
+        for what, request, status in abusive_requests():
+            code, body = await raw_http(mport, request)
+            assert code == status, what
+            assert len(body.strip().splitlines()) == 1, (what, body)
+        assert await metric(mport, "kvcs_relay_admin_unauthorized_total") == 2
+        assert (await http(mport, "GET", "/admin/state"))[0] == 200  # still serving
+    log = (tmp_path / "relay.log").read_text()
+    assert "Traceback" not in log and " ERROR " not in log, log

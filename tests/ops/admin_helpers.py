@@ -57,8 +57,10 @@ async def committed_track(r: RunningRelay, name: FullTrackName, groups: int = 2,
     await pub.aclose()
 
 
-async def raw_http(port: int, data: bytes) -> tuple[int | None, bytes]:
-    """Send ``data`` as it is; the answer's status (None: no answer, or a reset) and body.
+async def raw_http(port: int, data: bytes, *, eof: bool = False) -> tuple[int | None, bytes]:
+    """Send ``data`` as it is (``eof``: then end our side, so that a listener waiting for
+    more fails at once instead of at its timeout); the answer's status (None: no answer, or
+    a reset) and body.
 
     The client's send buffer is small, as over a real network: a large request cannot sit
     whole in loopback's buffers, so a listener that closes with unread input resets the
@@ -72,6 +74,8 @@ async def raw_http(port: int, data: bytes) -> tuple[int | None, bytes]:
         try:
             writer.write(data)
             await writer.drain()
+            if eof:
+                writer.write_eof()
             answer = await reader.read()
         except ConnectionError:  # reset, or a broken pipe: our request was cut, no answer
             answer = b""

@@ -39,6 +39,7 @@ from relay_helpers import (
 from relay.admin import format_namespace
 from relay.moqt.codes import PublishDoneCode, RequestErrorCode
 from relay.moqt.primitives import FullTrackName, Location
+from relay.service import RunningRelay
 from relay.session import RequestRejected
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,3 +232,50 @@ async def test_abusive_requests_get_a_clean_answer_no_traceback_and_are_counted(
         await r.close()
     assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
     assert "Traceback" not in caplog.text
+
+
+async def _purge_refused_and_nothing_removed(r: RunningRelay, name: FullTrackName,
+                                             status: int | None, body: bytes) -> None:
+    assert status == 400, body
+    assert len(body.strip().splitlines()) == 1, body
+    s = await client(r)
+    assert len((await fetch_objects(s, name))[1]) == 6  # every Object still served
+    await s.aclose()
+    assert val(await scrape(r), "kvcs_relay_admin_purged_tracks_total") == 0
+
+
+async def test_purge_with_a_key_besides_prefix_is_400_and_removes_nothing(
+        tmp_path: Path) -> None:
+    """{"prefix": ..., "x": 1} is not a purge request: a client that meant something else
+    by its extra key (a dry run, a filter) must not have the prefix purged."""
+    r = await admin_relay(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        assert r.metrics_port is not None
+        await committed_track(r, name)
+        body = json.dumps({"prefix": format_namespace(name.namespace), "x": 1}).encode()
+        code, text = await http(r.metrics_port, "POST", "/admin/purge", body=body)
+        await _purge_refused_and_nothing_removed(r, name, code, text.encode())
+    finally:
+        await r.close()
+
+
+async def test_a_body_over_64_KiB_is_400_without_being_read(tmp_path: Path) -> None:
+    """Content-Length 65537 is refused from the header alone: the listener neither waits
+    for the body (here never sent) nor reads one (here a valid purge request, padded)."""
+    r = await admin_relay(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        port = r.metrics_port
+        assert port is not None
+        await committed_track(r, name)
+        head = (f"POST /admin/purge HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: Bearer {TOKEN}\r\nContent-Length: 65537\r\n\r\n").encode()
+        # no body at all, and our side ended: a listener that waited for it gets nothing
+        code, text = await raw_http(port, head, eof=True)
+        assert code == 400 and b"64 KiB" in text, text
+        purge_doc = json.dumps({"prefix": format_namespace(name.namespace)}).encode()
+        code, text = await raw_http(port, head + purge_doc.ljust(65537))
+        await _purge_refused_and_nothing_removed(r, name, code, text)
+    finally:
+        await r.close()

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvcs.admin")
 
 PREFIX = "/admin/"
+# A worker's half of a purge through the supervisor (relay/workers.py): once every worker
+# has purged, each forgets its routes to siblings for the namespaces any of them withdrew.
+SIBLING_ROUTES = PREFIX + "purge-sibling-routes"
 MAX_BODY = 64 * 1024  # a purge request is a few hundred bytes
 JSON = "application/json"
 Answer = tuple[int, str, bytes]
@@ -159,7 +162,38 @@ class AdminApi:
             except BadRequest as e:
                 return _error(400, str(e))
             return _json(200, await self.purge(prefix))
+        if path == SIBLING_ROUTES:
+            if method != "POST":
+                return _error(405, "use POST")
+            try:
+                namespaces = _namespace_list(body)
+            except BadRequest as e:
+                return _error(400, str(e))
+            return _json(200, self.purge_sibling_routes(namespaces))
         return _error(404, "not found")
+
+    def purge_sibling_routes(self, namespaces: Sequence[TrackNamespace]) -> dict[str, Any]:
+        """Forget the routes to sibling workers of ``namespaces`` (docs/workers.md).
+
+        A worker withdrawing a namespace does not always reach its siblings in time: an
+        announcement it sent before its purge may arrive at a sibling that had purged
+        already, and it never tells its siblings of a namespace it no longer holds
+        itself. Left alone, such a route makes the sibling answer a FETCH of the purged
+        Track as if it existed somewhere (INVALID_RANGE, not DOES_NOT_EXIST). Listeners
+        of a namespace whose last route this was get NAMESPACE_DONE, as from a purge.
+        """
+        relay = self.relay
+        removed = 0
+        done = []
+        for ns in namespaces:
+            had = ns in relay.namespaces
+            for e in relay.namespaces.publishers_for(ns):
+                if e.namespace == ns and e.source in relay.siblings:
+                    relay.namespaces.remove_publisher(e)
+                    removed += 1
+            if had and ns not in relay.namespaces:
+                done.append(format_namespace(ns))
+        return {"routes_removed": removed, "namespaces_done": done}
 
     def state(self) -> dict[str, Any]:
         relay = self.relay
@@ -199,6 +233,23 @@ class AdminApi:
                 "namespaces_done": [format_namespace(ns) for ns in res.namespaces_done]}
 
 
+def _json_body(body: bytes) -> Any:
+    try:
+        return json.loads(body or b"null")
+    # RecursionError: a deeply nested body ("[" x 60,000 fits in 64 KiB) is malformed too
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadRequest("body is not JSON") from None
+
+
+def _namespace_list(body: bytes) -> list[TrackNamespace]:
+    doc = _json_body(body)
+    if not isinstance(doc, dict) or set(doc) != {"namespaces"} or \
+            not isinstance(doc["namespaces"], list) or \
+            not all(isinstance(x, str) for x in doc["namespaces"]):
+        raise BadRequest('expected {"namespaces": ["kvcs-1/<hex>/...", ...]}')
+    return [parse_namespace(x) for x in doc["namespaces"]]
+
+
 def _purge_prefix(body: bytes) -> TrackNamespace:
     try:
         doc = json.loads(body or b"null")
@@ -210,5 +261,5 @@ def _purge_prefix(body: bytes) -> TrackNamespace:
     return parse_namespace(doc["prefix"])
 
 
-__all__ = ["AdminApi", "AdminAuth", "BadRequest", "content_length", "format_namespace",
-           "format_track_name", "parse_namespace"]
+__all__ = ["SIBLING_ROUTES", "AdminApi", "AdminAuth", "BadRequest", "content_length",
+           "format_namespace", "format_track_name", "parse_namespace"]

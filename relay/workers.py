@@ -47,7 +47,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from relay.admin import PREFIX as ADMIN_PREFIX
-from relay.admin import AdminAuth, BadRequest, content_length, scope_totals
+from relay.admin import SIBLING_ROUTES, AdminAuth, BadRequest, content_length, scope_totals
 from relay.core.siblings import read_worker_files
 from relay.metrics import (
     HeadTooLarge,
@@ -455,22 +455,48 @@ class Supervisor:
                      ) -> tuple[str, str, str]:
         """One admin surface: the request goes to every worker (in index order, so a purge
         reaches them all), and their answers are merged; any worker's refusal is the
-        answer (they share one configuration, so they refuse alike)."""
+        answer (they share one configuration, so they refuse alike).
+
+        A purge is answered once every worker has purged *and* has forgotten its routes to
+        siblings for the namespaces the purge withdrew (``SIBLING_ROUTES``): only then does
+        a FETCH of a purged Track get DOES_NOT_EXIST on every worker."""
         infos = self._infos()
         if len(infos) < self.n:
             return "503 Service Unavailable", "text/plain", "a worker is restarting\n"
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()
                         if k in ("authorization", "content-type"))
+        answers = await self._on_every_worker(infos, method, path, extra, body)
+        if isinstance(answers, tuple):
+            return answers
+        if path.endswith("/state"):
+            merged = merge_admin_state(answers)
+        else:
+            merged = merge_admin_purge(answers)
+            if merged["namespaces_done"]:
+                routes = await self._on_every_worker(
+                    infos, "POST", SIBLING_ROUTES, extra,
+                    json.dumps({"namespaces": merged["namespaces_done"]}).encode())
+                if isinstance(routes, tuple):
+                    return routes
+        return "200 OK", "application/json", json.dumps(merged, indent=1) + "\n"
+
+    async def _on_every_worker(self, infos: dict[int, dict[str, Any]], method: str,
+                               path: str, extra: str, body: bytes
+                               ) -> list[dict[str, Any]] | tuple[str, str, str]:
+        """Each worker's JSON answer, in index order; or the answer to give instead (the
+        first refusal, or 502 for a worker that did not answer)."""
         answers = []
         for i in sorted(infos):
-            code, text = await _request(int(infos[i]["metrics_port"]), method, path,
-                                        extra=extra, body=body, timeout=30.0)
-            if not code.startswith("200"):
-                return code, "text/plain", text.decode("utf-8", "replace")
-            answers.append(json.loads(text))
-        merged = merge_admin_state(answers) if path.endswith("/state") else \
-            merge_admin_purge(answers)
-        return "200 OK", "application/json", json.dumps(merged, indent=1) + "\n"
+            try:
+                code, text = await _request(int(infos[i]["metrics_port"]), method, path,
+                                            extra=extra, body=body, timeout=30.0)
+                if not code.startswith("200"):
+                    return code, "text/plain", text.decode("utf-8", "replace")
+                answers.append(json.loads(text))
+            except (OSError, TimeoutError, ValueError) as e:
+                log.warning("admin %s %s: worker %d did not answer: %s", method, path, i, e)
+                return "502 Bad Gateway", "text/plain", f"worker {i} did not answer\n"
+        return answers
 
 
 async def _request(port: int, method: str, path: str, *, extra: str = "",

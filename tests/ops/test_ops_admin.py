@@ -279,3 +279,25 @@ async def test_a_body_over_64_KiB_is_400_without_being_read(tmp_path: Path) -> N
         await _purge_refused_and_nothing_removed(r, name, code, text)
     finally:
         await r.close()
+
+
+async def test_purge_sibling_routes_takes_a_strict_body(tmp_path: Path) -> None:
+    """The supervisor's second round of a purge (docs/workers.md), on a relay without
+    siblings: nothing to forget; a body other than {"namespaces": [...]} is 400; without
+    the token, 401 like every admin path."""
+    r = await admin_relay(tmp_path)
+    path = "/admin/purge-sibling-routes"
+    try:
+        port = r.metrics_port
+        assert port is not None
+        ok = json.dumps({"namespaces": ["kvcs-1/00ff"]}).encode()
+        code, text = await http(port, "POST", path, body=ok)
+        assert code == 200 and json.loads(text) == {"routes_removed": 0, "namespaces_done": []}
+        for bad in (b"{}", b'{"namespaces": "kvcs-1"}', b'{"namespaces": [3]}',
+                    b'{"namespaces": [], "x": 1}', b'{"namespaces": ["kvcs-1/zz"]}', b"[" * 60_000):
+            code, text = await http(port, "POST", path, body=bad)
+            assert code == 400 and len(text.strip().splitlines()) == 1, (bad[:40], text)
+        assert (await http(port, "GET", path))[0] == 405
+        assert (await http(port, "POST", path, token=None, body=ok))[0] == 401
+    finally:
+        await r.close()

@@ -35,7 +35,7 @@ from relay_helpers import (
 from relay.admin import format_namespace
 from relay.moqt.codes import RequestErrorCode
 from relay.moqt.primitives import FullTrackName, Location
-from relay.session import MoqtSession, RequestRejected, open_session
+from relay.session import MoqtSession, NamespaceEvent, RequestRejected, open_session
 
 KVCS = [sys.executable, "-m", "relay.cli"]
 
@@ -279,3 +279,45 @@ async def test_supervisor_answers_abusive_admin_requests_cleanly(tmp_path: Path)
         assert (await http(mport, "GET", "/admin/state"))[0] == 200  # still serving
     log = (tmp_path / "relay.log").read_text()
     assert "Traceback" not in log and " ERROR " not in log, log
+
+
+async def until_namespace(events: AsyncIterator[object], namespace: tuple[bytes, ...],
+                          active: bool) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        async for ev in events:
+            if isinstance(ev, NamespaceEvent) and ev.namespace == namespace \
+                    and ev.active == active:
+                return
+    raise AssertionError(f"the namespace subscription ended before {active=}")
+
+
+async def test_a_purge_answered_by_the_supervisor_is_done_on_every_worker(
+        tmp_path: Path) -> None:
+    """Worker 0 knows a namespace only through its sibling link to worker 1, whose
+    publisher holds the Track. Once the purge is answered, a FETCH on worker 0 gets
+    DOES_NOT_EXIST (not INVALID_RANGE: "it exists on a sibling"), the one /admin/state
+    lists the namespace nowhere, and worker 0's discoverers get NAMESPACE_DONE."""
+    data, ready = tmp_path / "data", tmp_path / "ready.json"
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    keep: list[MoqtSession] = []
+    async with workers(data, ready):
+        mport = info(ready)["metrics_port"]
+        watcher = await connect_on(ready, data, 0, keep)
+        events = aiter(await asyncio.wait_for(watcher.subscribe_namespace(name.namespace[:1]),
+                                              TIMEOUT))
+        pub = await connect_on(ready, data, 1, keep)
+        track = await push_track(pub, name, layers=3)
+        await track.group(0, group_payloads(0, 2))
+        await until_namespace(events, name.namespace, True)  # through worker 0's sibling link
+
+        code, doc = await purge(mport, format_namespace(name.namespace))
+        assert code == 200 and [r["name"] for r in doc["removed"]] == ["k.raw.s0"]
+        with pytest.raises(RequestRejected) as e:
+            await fetch_objects(watcher, name)
+        assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
+        code, text = await http(mport, "GET", "/admin/state")
+        assert code == 200
+        assert format_namespace(name.namespace) not in json.loads(text)["namespaces"]
+        await until_namespace(events, name.namespace, False)
+        for s in (watcher, pub, *keep):
+            await s.aclose()

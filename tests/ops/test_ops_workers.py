@@ -327,3 +327,22 @@ async def test_a_purge_answered_by_the_supervisor_is_done_on_every_worker(
         await until_namespace(events, name.namespace, False)
         for s in (watcher, pub, *keep):
             await s.aclose()
+
+
+async def test_a_worker_whose_supervisor_is_already_gone_exits_at_once(tmp_path: Path) -> None:
+    """A worker started by a supervisor that died before the worker could ask for the
+    parent-death signal would never get one: it sees its parent is not the supervisor that
+    started it and exits (1, one line) instead of serving."""
+    env = {**os.environ, "KVCS_WORKER_DIR": str(tmp_path), "KVCS_WORKER_INDEX": "0",
+           "KVCS_WORKER_SECRET": "x" * 48, "KVCS_WORKER_SUPERVISOR": str(os.getpid() + 1)}
+    proc = await asyncio.create_subprocess_exec(
+        *KVCS, "relay", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"),
+        "--metrics-listen", "off", env=env, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 1 and err.decode() == "error: the supervisor is gone\n", err

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -223,9 +224,14 @@ async def test_workers_end_when_their_supervisor_is_killed(tmp_path: Path) -> No
     async with workers(data, ready) as sup:
         pids = worker_pids(ready)
         assert len(pids) == 2 and all(running(p) for p in pids)
+        # the supervisor's run directory (in each worker's --ready-file), which a killed
+        # supervisor cannot remove: the test does, once the workers are gone
+        args = Path(f"/proc/{min(pids)}/cmdline").read_bytes().split(b"\0")
+        run_dir = Path(os.fsdecode(args[args.index(b"--ready-file") + 1])).parent
         sup.kill()
         await asyncio.wait_for(sup.wait(), TIMEOUT)
         assert await wait_gone(pids, 30) == set()
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 # A worker where PR_SET_PDEATHSIG is not available (the prctl is made to fail: failure

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvcs.admin")
 
 PREFIX = "/admin/"
+# A worker's half of a purge through the supervisor (relay/workers.py): once every worker
+# has purged, each forgets its routes to siblings for the namespaces any of them withdrew.
+SIBLING_ROUTES = PREFIX + "purge-sibling-routes"
 MAX_BODY = 64 * 1024  # a purge request is a few hundred bytes
 JSON = "application/json"
 Answer = tuple[int, str, bytes]
@@ -75,6 +78,37 @@ def scope_totals(tracks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"scope": s, **v} for s, v in sorted(scopes.items())]
 
 
+def content_length(headers: Mapping[str, str]) -> int:
+    """The body's length, at most :data:`MAX_BODY`; `BadRequest` for anything else.
+
+    ASCII digits only: ``str.isdigit()`` also accepts digits such as "²" that ``int()``
+    refuses, and ``int()`` accepts "+5", " 5" and "5_0", none of which is HTTP.
+    """
+    raw = headers.get("content-length", "0")
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 20:
+        raise BadRequest("bad Content-Length (at most 64 KiB)")
+    n = int(raw)
+    if n > MAX_BODY:
+        raise BadRequest("bad Content-Length (at most 64 KiB)")
+    return n
+
+
+class AdminAuth:
+    """The admin token check, shared by a relay's listener and the supervisor's."""
+
+    def __init__(self, token: str) -> None:
+        self._digest = hashlib.sha256(token.encode()).digest()
+
+    def authorized(self, headers: Mapping[str, str]) -> bool:
+        scheme, _, value = headers.get("authorization", "").partition(" ")
+        # compare_digest on every request, also for a missing header, and of equal-length
+        # digests: neither the token's bytes nor its length show in the timing
+        ok = hmac.compare_digest(
+            hashlib.sha256(value.strip().encode()).digest(),
+            self._digest)
+        return ok and scheme.lower() == "bearer"
+
+
 def _json(status: int, doc: Any) -> Answer:
     return status, JSON, (json.dumps(doc, indent=1) + "\n").encode()
 
@@ -88,22 +122,34 @@ class AdminApi:
 
     def __init__(self, relay: Relay, token: str) -> None:
         self.relay = relay
-        self._digest = hashlib.sha256(token.encode()).digest()
+        self._auth = AdminAuth(token)
 
     def authorized(self, headers: Mapping[str, str]) -> bool:
-        scheme, _, value = headers.get("authorization", "").partition(" ")
-        # compare_digest on every request, also for a missing header, and of equal-length
-        # digests: neither the token's bytes nor its length show in the timing
-        ok = hmac.compare_digest(hashlib.sha256(value.strip().encode()).digest(),
-                                 self._digest)
-        return ok and scheme.lower() == "bearer"
+        return self._auth.authorized(headers)
+
+    def note_refused(self, method: str, path: str, why: str) -> None:
+        """A request refused before its token could be accepted: counted and logged (never
+        the token; method and path cut short, since a client chooses them)."""
+        self.relay.counters.inc("admin_unauthorized")
+        log.warning("admin request refused: %s (%s %s)", why, method[:16], path[:64])
+
+    def check(self, method: str, path: str, headers: Mapping[str, str]) -> Answer | None:
+        """The answer to a request without the token (401), before anything else of it is
+        looked at; None when the token is right."""
+        if self.authorized(headers):
+            return None
+        self.note_refused(method, path, "missing or wrong token")
+        return 401, "text/plain", b"unauthorized\n"
 
     async def handle(self, method: str, path: str, headers: Mapping[str, str],
                      body: bytes) -> Answer:
-        if not self.authorized(headers):
-            self.relay.counters.inc("admin_unauthorized")
-            log.warning("admin request refused: missing or wrong token (%s %s)", method, path)
-            return 401, "text/plain", b"unauthorized\n"
+        refused = self.check(method, path, headers)
+        if refused is not None:
+            return refused
+        return await self.serve(method, path, body)
+
+    async def serve(self, method: str, path: str, body: bytes) -> Answer:
+        """An authorized request."""
         if path == PREFIX + "state":
             if method not in ("GET", "HEAD"):
                 return _error(405, "use GET")
@@ -116,7 +162,38 @@ class AdminApi:
             except BadRequest as e:
                 return _error(400, str(e))
             return _json(200, await self.purge(prefix))
+        if path == SIBLING_ROUTES:
+            if method != "POST":
+                return _error(405, "use POST")
+            try:
+                namespaces = _namespace_list(body)
+            except BadRequest as e:
+                return _error(400, str(e))
+            return _json(200, self.purge_sibling_routes(namespaces))
         return _error(404, "not found")
+
+    def purge_sibling_routes(self, namespaces: Sequence[TrackNamespace]) -> dict[str, Any]:
+        """Forget the routes to sibling workers of ``namespaces`` (docs/workers.md).
+
+        A worker withdrawing a namespace does not always reach its siblings in time: an
+        announcement it sent before its purge may arrive at a sibling that had purged
+        already, and it never tells its siblings of a namespace it no longer holds
+        itself. Left alone, such a route makes the sibling answer a FETCH of the purged
+        Track as if it existed somewhere (INVALID_RANGE, not DOES_NOT_EXIST). Listeners
+        of a namespace whose last route this was get NAMESPACE_DONE, as from a purge.
+        """
+        relay = self.relay
+        removed = 0
+        done = []
+        for ns in namespaces:
+            had = ns in relay.namespaces
+            for e in relay.namespaces.publishers_for(ns):
+                if e.namespace == ns and e.source in relay.siblings:
+                    relay.namespaces.remove_publisher(e)
+                    removed += 1
+            if had and ns not in relay.namespaces:
+                done.append(format_namespace(ns))
+        return {"routes_removed": removed, "namespaces_done": done}
 
     def state(self) -> dict[str, Any]:
         relay = self.relay
@@ -156,15 +233,33 @@ class AdminApi:
                 "namespaces_done": [format_namespace(ns) for ns in res.namespaces_done]}
 
 
+def _json_body(body: bytes) -> Any:
+    try:
+        return json.loads(body or b"null")
+    # RecursionError: a deeply nested body ("[" x 60,000 fits in 64 KiB) is malformed too
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadRequest("body is not JSON") from None
+
+
+def _namespace_list(body: bytes) -> list[TrackNamespace]:
+    doc = _json_body(body)
+    if not isinstance(doc, dict) or set(doc) != {"namespaces"} or \
+            not isinstance(doc["namespaces"], list) or \
+            not all(isinstance(x, str) for x in doc["namespaces"]):
+        raise BadRequest('expected {"namespaces": ["kvcs-1/<hex>/...", ...]}')
+    return [parse_namespace(x) for x in doc["namespaces"]]
+
+
 def _purge_prefix(body: bytes) -> TrackNamespace:
     try:
         doc = json.loads(body or b"null")
-    except (ValueError, UnicodeDecodeError):
+    # RecursionError: a deeply nested body ("[" x 60,000 fits in 64 KiB) is malformed too
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise BadRequest('body is not JSON: expected {"prefix": "kvcs-1/<hex>/..."}') from None
     if not isinstance(doc, dict) or set(doc) != {"prefix"} or not isinstance(doc["prefix"], str):
         raise BadRequest('expected {"prefix": "kvcs-1/<hex>/..."} and nothing else')
     return parse_namespace(doc["prefix"])
 
 
-__all__ = ["AdminApi", "BadRequest", "format_namespace", "format_track_name",
-           "parse_namespace"]
+__all__ = ["SIBLING_ROUTES", "AdminApi", "AdminAuth", "BadRequest", "content_length",
+           "format_namespace", "format_track_name", "parse_namespace"]

@@ -95,6 +95,14 @@ def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
     worker_dir = os.environ.get("KVCS_WORKER_DIR")
     try:
         if worker_dir:  # started by a supervisor (relay/workers.py)
+            supervisor = os.environ.get("KVCS_WORKER_SUPERVISOR")
+            if supervisor:  # a worker must not outlive its supervisor (docs/workers.md)
+                from relay.workers import follow_supervisor
+
+                pipe = os.environ.get("KVCS_WORKER_PIPE")
+                if not follow_supervisor(int(supervisor), int(pipe) if pipe else None):
+                    click.echo("error: the supervisor is gone", err=True)
+                    sys.exit(1)
             fd = os.environ.get("KVCS_WORKER_FD")
             config.worker = WorkerRole(int(os.environ["KVCS_WORKER_INDEX"]), Path(worker_dir),
                                        os.environ["KVCS_WORKER_SECRET"],

@@ -13,6 +13,12 @@ through the environment), and then:
 * on SIGTERM/SIGINT passes the signal on (each worker drains: GOAWAY, fills, FETCHes,
   commits) and exits 0 once every worker has.
 
+A worker never outlives its supervisor: a supervisor that dies without passing a signal on
+(SIGKILL, the OOM killer, a crash) would otherwise leave its workers serving the port with
+nobody to restart, aggregate or stop them. Each worker asks the kernel for SIGTERM when its
+parent dies (``PR_SET_PDEATHSIG``, Linux) and, where that is not available, watches a pipe
+whose write end only the supervisor holds (``follow_supervisor``).
+
 How the workers find each other and share Tracks: ``relay/core/siblings.py``; the design and
 its limits: ``docs/workers.md``.
 """
@@ -21,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
@@ -30,16 +38,24 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.admin import MAX_BODY as ADMIN_MAX_BODY
 from relay.admin import PREFIX as ADMIN_PREFIX
-from relay.admin import scope_totals
+from relay.admin import SIBLING_ROUTES, AdminAuth, BadRequest, content_length, scope_totals
 from relay.core.siblings import read_worker_files
+from relay.metrics import (
+    HeadTooLarge,
+    answer_and_close,
+    parse_headers,
+    read_head,
+    request_target,
+)
 from relay.service import RelayConfig
 from relay.transport import ensure_self_signed
 from relay.transport.burst import make_socket
@@ -80,10 +96,64 @@ def worker_sockets(host: str, port: int, n: int) -> list[socket.socket]:
     return socks
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _arm_parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``). False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_pipe(fd: int, on_closed: Callable[[], None]) -> threading.Thread:
+    """A daemon thread that calls ``on_closed`` once ``fd`` reads end of file: every copy of
+    the pipe's write end is closed, which the kernel does for a process that dies."""
+    def watch() -> None:
+        try:
+            while os.read(fd, 64):
+                pass  # the supervisor never writes; read on until the end
+        except OSError:
+            pass  # closed under us: treated as the end too
+        on_closed()
+
+    t = threading.Thread(target=watch, name="supervisor-watch", daemon=True)
+    t.start()
+    return t
+
+
+def follow_supervisor(supervisor_pid: int, pipe_fd: int | None) -> bool:
+    """In a worker, at start: end this process (SIGTERM: the usual drain) when the supervisor
+    dies, whichever way it dies. False if the supervisor is already gone (the caller exits).
+
+    ``PR_SET_PDEATHSIG`` is the first means; the pipe (its write end held by the supervisor
+    alone, ``pipe_fd`` its read end) is the fallback where the prctl is not available. Only
+    one of them signals, so the worker drains once rather than having a second signal cut
+    its drain short.
+    """
+    armed = _arm_parent_death_signal(signal.SIGTERM)
+    # the supervisor may have died between our fork and the prctl: then no signal will come
+    if os.getppid() != supervisor_pid:
+        return False
+    if pipe_fd is not None:
+        if armed:  # the kernel signals us; the pipe need not be watched, nor kept
+            os.close(pipe_fd)
+        else:
+            _watch_pipe(pipe_fd, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    return True
+
+
 @dataclass
 class _Worker:
     index: int
     proc: asyncio.subprocess.Process | None = None
+    # write end of the pipe whose end of file tells the worker its supervisor is gone
+    pipe: int | None = None
     restarts: int = 0
     failures_in_a_row: int = 0
     waiter: asyncio.Task[int] | None = field(default=None, repr=False)
@@ -102,6 +172,10 @@ class Supervisor:
         self.stopping = False
         self._http: asyncio.Server | None = None
         self._tasks: set[asyncio.Future[None]] = set()
+        # /admin/ requests are refused here, before reaching any worker, when they lack the
+        # token; counted into kvcs_relay_admin_unauthorized_total with the workers' own
+        self._auth = AdminAuth(config.admin_token) if config.admin_token else None
+        self.admin_unauthorized = 0
 
     # -- workers ----------------------------------------------------------------------------
 
@@ -124,18 +198,34 @@ class Supervisor:
     async def _spawn(self, w: _Worker) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._ready_path(w.index).unlink()
+        self._close_pipe(w)
+        # os.pipe() is not inheritable: only this worker gets the read end (pass_fds), and no
+        # other child ever holds a copy of the write end that would keep the pipe open
+        read_end, w.pipe = os.pipe()
         env = {**os.environ, **self.env,
                "KVCS_WORKER_INDEX": str(w.index), "KVCS_WORKER_DIR": str(self.run_dir),
                "KVCS_WORKER_SECRET": self.secret,
-               "KVCS_WORKER_FD": str(self.sockets[w.index].fileno())}
+               "KVCS_WORKER_FD": str(self.sockets[w.index].fileno()),
+               "KVCS_WORKER_SUPERVISOR": str(os.getpid()),
+               "KVCS_WORKER_PIPE": str(read_end)}
         host = self.config.listen_host
         listen = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
-        w.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "relay.cli", "relay", "--workers", "1", "--listen", listen,
-            "--metrics-listen", "127.0.0.1:0", "--ready-file", str(self._ready_path(w.index)),
-            env=env, pass_fds=(self.sockets[w.index].fileno(),))
+        try:
+            w.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "relay.cli", "relay", "--workers", "1", "--listen",
+                listen, "--metrics-listen", "127.0.0.1:0",
+                "--ready-file", str(self._ready_path(w.index)),
+                env=env, pass_fds=(self.sockets[w.index].fileno(), read_end))
+        finally:
+            os.close(read_end)  # the worker has its copy; ours would hide its EOF from it
         w.waiter = asyncio.ensure_future(w.proc.wait())
         log.info("worker %d started (pid %d)", w.index, w.proc.pid)
+
+    @staticmethod
+    def _close_pipe(w: _Worker) -> None:
+        if w.pipe is not None:
+            os.close(w.pipe)
+            w.pipe = None
 
     def _infos(self) -> dict[int, dict[str, Any]]:
         infos = read_worker_files(self.run_dir)
@@ -184,6 +274,8 @@ class Supervisor:
                 self._http.close()
             for sock in self.sockets:
                 sock.close()
+            for w in self.workers:
+                self._close_pipe(w)
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     async def _supervise(self, stop: asyncio.Event) -> None:
@@ -203,6 +295,7 @@ class Supervisor:
                     log.warning("worker %d (pid %d) exited with %s; restarting in %.1f s",
                                 w.index, w.proc.pid if w.proc else -1, code, delay)
                     w.waiter = None
+                    self._close_pipe(w)
                     await asyncio.sleep(delay)
                     w.restarts += 1
                     await self._spawn(w)
@@ -285,40 +378,59 @@ class Supervisor:
 
     async def metrics_text(self) -> str:
         answers = await self._scrape_all("/metrics")
-        return merge_metrics([a[1] for a in answers if a is not None and a[0] == 200],
+        own = ("# HELP kvcs_relay_admin_unauthorized Admin API requests refused for a missing "
+               "or wrong token.\n# TYPE kvcs_relay_admin_unauthorized counter\n"
+               f"kvcs_relay_admin_unauthorized_total {self.admin_unauthorized}\n")
+        return merge_metrics([a[1] for a in answers if a is not None and a[0] == 200] + [own],
                              up=sum(1 for a in answers if a is not None and a[0] == 200))
 
     async def _serve_http(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(10.0):  # a stuck client must not hold a task forever
-                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-                lines = head.split("\r\n")
-                parts = lines[0].split()
-                path = parts[1].split("?", 1)[0] if len(parts) > 1 else ""
-                if path.startswith(ADMIN_PREFIX):
-                    headers = {k.strip().lower(): v.strip() for k, _, v in
-                               (ln.partition(":") for ln in lines[1:] if ln)}
-                    n = headers.get("content-length", "0")
-                    if not n.isdigit() or int(n) > ADMIN_MAX_BODY:
-                        status, ctype, body = "400 Bad Request", "text/plain", \
-                            "bad Content-Length (at most 64 KiB)\n"
-                    else:
-                        payload = await reader.readexactly(int(n)) if int(n) else b""
-                        status, ctype, body = await self._admin(parts[0], path, headers,
-                                                                payload)
-                else:
-                    status, ctype, body = await self._route(path)
-        except (OSError, TimeoutError, UnicodeError, asyncio.IncompleteReadError,
+                try:
+                    lines = await read_head(reader)
+                    status, ctype, body = await self._answer(lines, reader)
+                except HeadTooLarge as e:
+                    method, path = request_target(e.request_line)
+                    if self._auth is not None and path.startswith(ADMIN_PREFIX):
+                        self._refused(method, path, "request head too large")
+                    status, ctype, body = ("431 Request Header Fields Too Large",
+                                           "text/plain", "request head too large\n")
+                payload = body.encode()
+                await answer_and_close(reader, writer, (
+                    f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
+                    f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError,
                 asyncio.LimitOverrunError):
+            pass
+        except Exception:
+            log.exception("request to the supervisor's listener failed")
+        finally:
             writer.close()
-            return
-        payload = body.encode()
-        writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
-                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-        with contextlib.suppress(OSError):
-            await writer.drain()
-        writer.close()
+
+    def _refused(self, method: str, path: str, why: str) -> None:
+        self.admin_unauthorized += 1
+        log.warning("admin request refused: %s (%s %s)", why, method[:16], path[:64])
+
+    async def _answer(self, lines: list[str], reader: asyncio.StreamReader
+                      ) -> tuple[str, str, str]:
+        method, path = request_target(lines[0] if lines else "")
+        if not path.startswith(ADMIN_PREFIX):
+            return await self._route(path)
+        if self._auth is None:  # off: as if it did not exist, as on a single relay
+            return "404 Not Found", "text/plain", "not found\n"
+        headers = parse_headers(lines[1:])
+        # the token first, from the headers alone, as a single relay does (relay/metrics.py)
+        if not self._auth.authorized(headers):
+            self._refused(method, path, "missing or wrong token")
+            return "401 Unauthorized", "text/plain", "unauthorized\n"
+        try:
+            length = content_length(headers)
+        except BadRequest as e:
+            return "400 Bad Request", "text/plain", f"{e}\n"
+        payload = await reader.readexactly(length) if length else b""
+        return await self._admin(method, path, headers, payload)
 
     async def _route(self, path: str) -> tuple[str, str, str]:
         text = "text/plain; charset=utf-8"
@@ -343,22 +455,52 @@ class Supervisor:
                      ) -> tuple[str, str, str]:
         """One admin surface: the request goes to every worker (in index order, so a purge
         reaches them all), and their answers are merged; any worker's refusal is the
-        answer (they share one configuration, so they refuse alike)."""
+        answer (they share one configuration, so they refuse alike).
+
+        A purge is answered once every worker has purged *and* has forgotten its routes to
+        siblings for the namespaces the purge withdrew (``SIBLING_ROUTES``): only then does
+        a FETCH of a purged Track get DOES_NOT_EXIST on every worker."""
         infos = self._infos()
         if len(infos) < self.n:
             return "503 Service Unavailable", "text/plain", "a worker is restarting\n"
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()
                         if k in ("authorization", "content-type"))
+        answers = await self._on_every_worker(infos, method, path, extra, body)
+        if isinstance(answers, tuple):
+            return answers
+        if path == SIBLING_ROUTES:  # not ours to send, but harmless: merged as the others
+            merged = {"routes_removed": sum(a["routes_removed"] for a in answers),
+                      "namespaces_done": sorted({ns for a in answers
+                                                 for ns in a["namespaces_done"]})}
+        elif path.endswith("/state"):
+            merged = merge_admin_state(answers)
+        else:
+            merged = merge_admin_purge(answers)
+            if merged["namespaces_done"]:
+                routes = await self._on_every_worker(
+                    infos, "POST", SIBLING_ROUTES, extra,
+                    json.dumps({"namespaces": merged["namespaces_done"]}).encode())
+                if isinstance(routes, tuple):
+                    return routes
+        return "200 OK", "application/json", json.dumps(merged, indent=1) + "\n"
+
+    async def _on_every_worker(self, infos: dict[int, dict[str, Any]], method: str,
+                               path: str, extra: str, body: bytes
+                               ) -> list[dict[str, Any]] | tuple[str, str, str]:
+        """Each worker's JSON answer, in index order; or the answer to give instead (the
+        first refusal, or 502 for a worker that did not answer)."""
         answers = []
         for i in sorted(infos):
-            code, text = await _request(int(infos[i]["metrics_port"]), method, path,
-                                        extra=extra, body=body, timeout=30.0)
-            if not code.startswith("200"):
-                return code, "text/plain", text.decode("utf-8", "replace")
-            answers.append(json.loads(text))
-        merged = merge_admin_state(answers) if path.endswith("/state") else \
-            merge_admin_purge(answers)
-        return "200 OK", "application/json", json.dumps(merged, indent=1) + "\n"
+            try:
+                code, text = await _request(int(infos[i]["metrics_port"]), method, path,
+                                            extra=extra, body=body, timeout=30.0)
+                if not code.startswith("200"):
+                    return code, "text/plain", text.decode("utf-8", "replace")
+                answers.append(json.loads(text))
+            except (OSError, TimeoutError, ValueError) as e:
+                log.warning("admin %s %s: worker %d did not answer: %s", method, path, i, e)
+                return "502 Bad Gateway", "text/plain", f"worker {i} did not answer\n"
+        return answers
 
 
 async def _request(port: int, method: str, path: str, *, extra: str = "",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,3 +55,52 @@ async def committed_track(r: RunningRelay, name: FullTrackName, groups: int = 2,
     await t.end()
     assert await r.relay.wait_committed(name, TIMEOUT)
     await pub.aclose()
+
+
+async def raw_http(port: int, data: bytes, *, eof: bool = False) -> tuple[int | None, bytes]:
+    """Send ``data`` as it is (``eof``: then end our side, so that a listener waiting for
+    more fails at once instead of at its timeout); the answer's status (None: no answer, or
+    a reset) and body.
+
+    The client's send buffer is small, as over a real network: a large request cannot sit
+    whole in loopback's buffers, so a listener that closes with unread input resets the
+    connection under its own answer (as it would for a remote client)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 10)
+    sock.setblocking(False)
+    async with asyncio.timeout(TIMEOUT):
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        try:
+            writer.write(data)
+            await writer.drain()
+            if eof:
+                writer.write_eof()
+            answer = await reader.read()
+        except ConnectionError:  # reset, or a broken pipe: our request was cut, no answer
+            answer = b""
+        finally:
+            writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    parts = head.split(b" ")
+    return (int(parts[1]) if len(parts) > 1 else None), body
+
+
+def abusive_requests(token: str = TOKEN) -> list[tuple[str, bytes, int]]:
+    """(what, request, the status it must get) for requests that once had a listener log a
+    traceback or reset the connection instead of answering. The two without the token are
+    refusals the admin API counts (kvcs_relay_admin_unauthorized_total)."""
+    auth = f"Authorization: Bearer {token}\r\n".encode()
+    purge_line = b"POST /admin/purge HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    return [
+        # "\xb2" is "²" in latin-1: str.isdigit() says yes, int() refuses it
+        ("superscript Content-Length, no token",
+         purge_line + b"Content-Length: \xb2\r\n\r\n", 401),
+        ("superscript Content-Length, with the token",
+         purge_line + auth + b"Content-Length: \xb2\r\n\r\n", 400),
+        ("60,000 nested arrays, with the token",
+         purge_line + auth + b"Content-Length: 60000\r\n\r\n" + b"[" * 60_000, 400),
+        ("a 1 MB Authorization header",
+         purge_line + b"Authorization: Bearer " + b"a" * (1 << 20)
+         + b"\r\nContent-Length: 0\r\n\r\n", 431),
+    ]

@@ -12,7 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from admin_helpers import TOKEN, admin_relay, committed_track, http, purge
+from admin_helpers import (
+    TOKEN,
+    abusive_requests,
+    admin_relay,
+    committed_track,
+    http,
+    purge,
+    raw_http,
+)
 from test_ops_metrics import scrape, val
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
@@ -31,6 +39,7 @@ from relay_helpers import (
 from relay.admin import format_namespace
 from relay.moqt.codes import PublishDoneCode, RequestErrorCode
 from relay.moqt.primitives import FullTrackName, Location
+from relay.service import RunningRelay
 from relay.session import RequestRejected
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,5 +209,95 @@ async def test_kvcs_admin_client(tmp_path: Path) -> None:
                                      str(good), "--prefix", "kvcs-1/zz")
         assert code == 1 and err.startswith("error: ") and err.count("\n") == 1
         assert "Traceback" not in err
+    finally:
+        await r.close()
+
+
+async def test_abusive_requests_get_a_clean_answer_no_traceback_and_are_counted(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A Content-Length that str.isdigit() accepts and int() refuses, a body nested past
+    the recursion limit, a 1 MB header: each is answered (400, 401, 431), none logs a
+    traceback, and those without the token count as refused."""
+    caplog.set_level(logging.DEBUG)
+    r = await admin_relay(tmp_path)
+    try:
+        assert r.metrics_port is not None
+        for what, request, status in abusive_requests():
+            code, body = await raw_http(r.metrics_port, request)
+            assert code == status, what
+            assert len(body.strip().splitlines()) == 1, (what, body)
+        assert val(await scrape(r), "kvcs_relay_admin_unauthorized_total") == 2
+        assert (await http(r.metrics_port, "GET", "/admin/state"))[0] == 200  # still serving
+    finally:
+        await r.close()
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+    assert "Traceback" not in caplog.text
+
+
+async def _purge_refused_and_nothing_removed(r: RunningRelay, name: FullTrackName,
+                                             status: int | None, body: bytes) -> None:
+    assert status == 400, body
+    assert len(body.strip().splitlines()) == 1, body
+    s = await client(r)
+    assert len((await fetch_objects(s, name))[1]) == 6  # every Object still served
+    await s.aclose()
+    assert val(await scrape(r), "kvcs_relay_admin_purged_tracks_total") == 0
+
+
+async def test_purge_with_a_key_besides_prefix_is_400_and_removes_nothing(
+        tmp_path: Path) -> None:
+    """{"prefix": ..., "x": 1} is not a purge request: a client that meant something else
+    by its extra key (a dry run, a filter) must not have the prefix purged."""
+    r = await admin_relay(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        assert r.metrics_port is not None
+        await committed_track(r, name)
+        body = json.dumps({"prefix": format_namespace(name.namespace), "x": 1}).encode()
+        code, text = await http(r.metrics_port, "POST", "/admin/purge", body=body)
+        await _purge_refused_and_nothing_removed(r, name, code, text.encode())
+    finally:
+        await r.close()
+
+
+async def test_a_body_over_64_KiB_is_400_without_being_read(tmp_path: Path) -> None:
+    """Content-Length 65537 is refused from the header alone: the listener neither waits
+    for the body (here never sent) nor reads one (here a valid purge request, padded)."""
+    r = await admin_relay(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        port = r.metrics_port
+        assert port is not None
+        await committed_track(r, name)
+        head = (f"POST /admin/purge HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: Bearer {TOKEN}\r\nContent-Length: 65537\r\n\r\n").encode()
+        # no body at all, and our side ended: a listener that waited for it gets nothing
+        code, text = await raw_http(port, head, eof=True)
+        assert code == 400 and b"64 KiB" in text, text
+        purge_doc = json.dumps({"prefix": format_namespace(name.namespace)}).encode()
+        code, text = await raw_http(port, head + purge_doc.ljust(65537))
+        await _purge_refused_and_nothing_removed(r, name, code, text)
+    finally:
+        await r.close()
+
+
+async def test_purge_sibling_routes_takes_a_strict_body(tmp_path: Path) -> None:
+    """The supervisor's second round of a purge (docs/workers.md), on a relay without
+    siblings: nothing to forget; a body other than {"namespaces": [...]} is 400; without
+    the token, 401 like every admin path."""
+    r = await admin_relay(tmp_path)
+    path = "/admin/purge-sibling-routes"
+    try:
+        port = r.metrics_port
+        assert port is not None
+        ok = json.dumps({"namespaces": ["kvcs-1/00ff"]}).encode()
+        code, text = await http(port, "POST", path, body=ok)
+        assert code == 200 and json.loads(text) == {"routes_removed": 0, "namespaces_done": []}
+        for bad in (b"{}", b'{"namespaces": "kvcs-1"}', b'{"namespaces": [3]}',
+                    b'{"namespaces": [], "x": 1}', b'{"namespaces": ["kvcs-1/zz"]}', b"[" * 60_000):
+            code, text = await http(port, "POST", path, body=bad)
+            assert code == 400 and len(text.strip().splitlines()) == 1, (bad[:40], text)
+        assert (await http(port, "GET", path))[0] == 405
+        assert (await http(port, "POST", path, token=None, body=ok))[0] == 401
     finally:
         await r.close()

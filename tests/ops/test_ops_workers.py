@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from admin_helpers import TOKEN, http, purge
+from admin_helpers import TOKEN, abusive_requests, http, purge, raw_http
 from ops_http import http_get
 from relay_helpers import (
     TIMEOUT,
@@ -35,7 +36,7 @@ from relay_helpers import (
 from relay.admin import format_namespace
 from relay.moqt.codes import RequestErrorCode
 from relay.moqt.primitives import FullTrackName, Location
-from relay.session import MoqtSession, RequestRejected, open_session
+from relay.session import MoqtSession, NamespaceEvent, RequestRejected, open_session
 
 KVCS = [sys.executable, "-m", "relay.cli"]
 
@@ -52,20 +53,55 @@ async def workers(data: Path, ready: Path) -> AsyncIterator[asyncio.subprocess.P
         "--admin-token-file", str(token_file),
         stdout=asyncio.subprocess.DEVNULL, stderr=log)
     log.close()
+    pids: set[int] = set()
     try:
         async with asyncio.timeout(60):
             while not ready.exists():
                 assert proc.returncode is None, "the supervisor exited before it was ready"
                 await asyncio.sleep(0.05)
+        pids.update(worker_pids(ready))
         yield proc
     finally:
+        if ready.exists():
+            pids.update(worker_pids(ready))  # also the workers started again by the test
+        # stopped as an operator would (SIGTERM: the workers drain and exit), so a test
+        # never leaves a worker running; SIGKILL only if that does not finish in time
         if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        left = await wait_gone(pids, 30)
+        assert not left, f"workers {left} outlived their supervisor"
 
 
 def info(ready: Path) -> dict[str, Any]:
     return json.loads(ready.read_text())  # type: ignore[no-any-return]
+
+
+def worker_pids(ready: Path) -> set[int]:
+    return {int(w["pid"]) for w in info(ready)["workers"] if w["pid"]}
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie waits for whoever adopted
+    it to reap it: it serves nothing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+async def wait_gone(pids: set[int], timeout: float) -> set[int]:
+    """The ``pids`` still running after at most ``timeout`` seconds (polled)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (left := {p for p in pids if running(p)}) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    return left
 
 
 async def sessions_open(metrics_port: int) -> int:
@@ -179,3 +215,140 @@ async def test_two_workers_are_one_relay(tmp_path: Path) -> None:
             assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
         for s in keep:
             await s.aclose()
+
+
+async def test_workers_end_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    """A supervisor SIGKILLed (no signal passed on) takes its workers with it: none of them
+    serves on, orphaned, with nobody to restart, aggregate or stop it."""
+    data, ready = tmp_path / "data", tmp_path / "ready.json"
+    async with workers(data, ready) as sup:
+        pids = worker_pids(ready)
+        assert len(pids) == 2 and all(running(p) for p in pids)
+        # the supervisor's run directory (in each worker's --ready-file), which a killed
+        # supervisor cannot remove: the test does, once the workers are gone
+        args = Path(f"/proc/{min(pids)}/cmdline").read_bytes().split(b"\0")
+        run_dir = Path(os.fsdecode(args[args.index(b"--ready-file") + 1])).parent
+        sup.kill()
+        await asyncio.wait_for(sup.wait(), TIMEOUT)
+        assert await wait_gone(pids, 30) == set()
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+# A worker where PR_SET_PDEATHSIG is not available (the prctl is made to fail: failure
+# injection), left only with the pipe from its supervisor; the test process plays the
+# supervisor and holds the pipe's write end.
+_PIPE_ONLY_WORKER = """
+import os, signal, sys
+import relay.workers as w
+w._arm_parent_death_signal = lambda sig: False
+assert w.follow_supervisor(os.getppid(), int(sys.argv[1]))
+print("following", flush=True)
+signal.pause()
+"""
+
+
+async def test_without_pdeathsig_the_pipe_ends_the_worker() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _PIPE_ONLY_WORKER, str(read_end), pass_fds=(read_end,),
+            stdout=asyncio.subprocess.PIPE)
+    finally:
+        os.close(read_end)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)
+        assert line == b"following\n"
+        os.close(write_end)  # what the kernel does when the supervisor dies
+        write_end = -1
+        assert await asyncio.wait_for(proc.wait(), TIMEOUT) == -signal.SIGTERM
+    finally:
+        if write_end >= 0:
+            os.close(write_end)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_supervisor_answers_abusive_admin_requests_cleanly(tmp_path: Path) -> None:
+    """The supervisor's listener, like a single relay's (test_ops_admin.py): each request
+    is answered (400, 401, 431), none leaves a traceback in the supervisor's or a worker's
+    log, and the refusals without the token are counted in the one /metrics."""
+    data, ready = tmp_path / "data", tmp_path / "ready.json"
+    async with workers(data, ready):
+        mport = info(ready)["metrics_port"]
+        for what, request, status in abusive_requests():
+            code, body = await raw_http(mport, request)
+            assert code == status, what
+            assert len(body.strip().splitlines()) == 1, (what, body)
+        assert await metric(mport, "kvcs_relay_admin_unauthorized_total") == 2
+        assert (await http(mport, "GET", "/admin/state"))[0] == 200  # still serving
+        # the purge's second round, sent by a client: answered like any admin request
+        code, text = await http(mport, "POST", "/admin/purge-sibling-routes",
+                                body=json.dumps({"namespaces": ["kvcs-1/00ff"]}).encode())
+        assert (code, json.loads(text)) == (200, {"routes_removed": 0, "namespaces_done": []})
+        # read before the shutdown: each line of a request's failure is written before its
+        # connection closes, and what the shutdown logs is not these requests' doing
+        log = (tmp_path / "relay.log").read_text()
+    assert "Traceback" not in log and " ERROR " not in log, log
+
+
+async def until_namespace(events: AsyncIterator[object], namespace: tuple[bytes, ...],
+                          active: bool) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        async for ev in events:
+            if isinstance(ev, NamespaceEvent) and ev.namespace == namespace \
+                    and ev.active == active:
+                return
+    raise AssertionError(f"the namespace subscription ended before {active=}")
+
+
+async def test_a_purge_answered_by_the_supervisor_is_done_on_every_worker(
+        tmp_path: Path) -> None:
+    """Worker 0 knows a namespace only through its sibling link to worker 1, whose
+    publisher holds the Track. Once the purge is answered, a FETCH on worker 0 gets
+    DOES_NOT_EXIST (not INVALID_RANGE: "it exists on a sibling"), the one /admin/state
+    lists the namespace nowhere, and worker 0's discoverers get NAMESPACE_DONE."""
+    data, ready = tmp_path / "data", tmp_path / "ready.json"
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    keep: list[MoqtSession] = []
+    async with workers(data, ready):
+        mport = info(ready)["metrics_port"]
+        watcher = await connect_on(ready, data, 0, keep)
+        events = aiter(await asyncio.wait_for(watcher.subscribe_namespace(name.namespace[:1]),
+                                              TIMEOUT))
+        pub = await connect_on(ready, data, 1, keep)
+        track = await push_track(pub, name, layers=3)
+        await track.group(0, group_payloads(0, 2))
+        await until_namespace(events, name.namespace, True)  # through worker 0's sibling link
+
+        code, doc = await purge(mport, format_namespace(name.namespace))
+        assert code == 200 and [r["name"] for r in doc["removed"]] == ["k.raw.s0"]
+        with pytest.raises(RequestRejected) as e:
+            await fetch_objects(watcher, name)
+        assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
+        code, text = await http(mport, "GET", "/admin/state")
+        assert code == 200
+        assert format_namespace(name.namespace) not in json.loads(text)["namespaces"]
+        await until_namespace(events, name.namespace, False)
+        for s in (watcher, pub, *keep):
+            await s.aclose()
+
+
+async def test_a_worker_whose_supervisor_is_already_gone_exits_at_once(tmp_path: Path) -> None:
+    """A worker started by a supervisor that died before the worker could ask for the
+    parent-death signal would never get one: it sees its parent is not the supervisor that
+    started it and exits (1, one line) instead of serving."""
+    env = {**os.environ, "KVCS_WORKER_DIR": str(tmp_path), "KVCS_WORKER_INDEX": "0",
+           "KVCS_WORKER_SECRET": "x" * 48, "KVCS_WORKER_SUPERVISOR": str(os.getpid() + 1)}
+    proc = await asyncio.create_subprocess_exec(
+        *KVCS, "relay", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"),
+        "--metrics-listen", "off", env=env, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 1 and err.decode() == "error: the supervisor is gone\n", err

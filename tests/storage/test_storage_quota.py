@@ -210,3 +210,19 @@ def test_memory_scope_back_within_its_quota_once_its_pins_are_released() -> None
     lease.release()
     assert mem.scopes.held[B] <= GROUP + GROUP // 2
     assert len(mem.held_groups(_key(B, 0))) == 1 and mem.scopes.evictions[B] == 2
+
+
+def test_lmdb_full_tier_evicts_the_writing_scopes_own_tracks_first(tmp_path: Path) -> None:
+    """Quotas on but far from reached; the tier itself full. B writing into it gives up its
+    own least recently used Tracks, never A's older one (not the tier's global LRU)."""
+    q = ScopeQuotas(lmdb_default=100 * PAYLOAD)
+    with LmdbStore(tmp_path / "probe", 100 * PAYLOAD) as probe:
+        size = probe.commit_track(_key(A, 0), _track())  # one Track's bytes
+    with LmdbStore(tmp_path / "db", 3 * size + size // 2, quotas=q) as db:
+        db.commit_track(_key(A, 0), _track())  # the least recently used of the whole tier
+        for i in range(6):
+            db.commit_track(_key(B, i), _track())
+        assert db.info(_key(A, 0)) is not None
+        assert [i for i in range(6) if db.info(_key(B, i))] == [4, 5]
+        assert db.scopes.evictions == {B: 4}
+        assert db.scopes.held == {A: size, B: 2 * size}

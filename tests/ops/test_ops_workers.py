@@ -34,7 +34,9 @@ from relay_helpers import (
 )
 
 from relay.admin import format_namespace
-from relay.moqt.codes import RequestErrorCode
+from relay.moqt.codes import ObjectStatus, RequestErrorCode
+from relay.moqt.location_filter import LocationFilter
+from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.session import MoqtSession, NamespaceEvent, RequestRejected, open_session
 
@@ -352,3 +354,40 @@ async def test_a_worker_whose_supervisor_is_already_gone_exits_at_once(tmp_path:
             proc.kill()
             await proc.wait()
     assert proc.returncode == 1 and err.decode() == "error: the supervisor is gone\n", err
+
+
+async def test_a_sibling_worker_serves_every_group_of_a_live_track_fetched_alone(
+        tmp_path: Path) -> None:
+    """Issue 26 item 2: a publisher on one worker writes 12 Groups (no End of Track); a
+    session on the other worker FETCHes each Group alone. A FETCH of Group 0 taught that
+    worker a Largest Object that is only a lower bound; the next Groups are asked of the
+    sibling, not refused as "past the Largest Object"."""
+    data, ready = tmp_path / "data", tmp_path / "ready.json"
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    keep: list[MoqtSession] = []
+    async with workers(data, ready):
+        pub = await connect_on(ready, data, 0, keep)
+        other = await connect_on(ready, data, 1, keep)
+        track = await push_track(pub, name, layers=12)
+        for g in range(12):
+            await track.group(g, group_payloads(g, 3))
+        # the publisher's worker holds all 12 Groups (its own FETCH sees them)
+        async with asyncio.timeout(TIMEOUT):
+            while True:
+                try:
+                    _resp, held = await fetch_objects(pub, name)
+                except RequestRejected:
+                    continue  # nothing arrived yet: INVALID_RANGE
+                if all(loc in held for loc in track.sent):
+                    break
+        await wait_namespace(other, name.namespace)
+        for g in range(12):
+            resp = await asyncio.wait_for(other.fetch(
+                name.namespace, name.name,
+                Params(location_filter=LocationFilter.absolute_group_end(g, 0, g))), TIMEOUT)
+            async with asyncio.timeout(TIMEOUT):
+                got = {e.location: bytes(e.payload) for e in await resp.collect()
+                       if e.status == ObjectStatus.NORMAL}
+            assert got == {loc: p for loc, p in track.sent.items() if loc.group == g}, g
+        for s in (pub, other, *keep):
+            await s.aclose()

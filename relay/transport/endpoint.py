@@ -50,6 +50,9 @@ _ALPN_ALERT = 0x100 + 120
 # How long an endpoint whose last WebTransport session ended waits for the peer to
 # finish the CONNECT stream before closing the QUIC connection underneath.
 _WT_LINGER = 1.0
+# Retrying a transmit the library failed to build: first delay, doubling up to the last.
+_RETRY_FIRST = 0.001
+_RETRY_MAX = 0.1
 
 
 class Endpoint(asyncio.DatagramProtocol):
@@ -77,6 +80,8 @@ class Endpoint(asyncio.DatagramProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._transmit_task: asyncio.Handle | None = None
+        self._retry: asyncio.TimerHandle | None = None  # after a failed transmit
+        self._retry_delay = _RETRY_FIRST
         # set by the backend's QuicServer (both libraries use these names)
         self._connection_id_issued_handler: Any = lambda cid: None
         self._connection_id_retired_handler: Any = lambda cid: None
@@ -449,6 +454,9 @@ class Endpoint(asyncio.DatagramProtocol):
         if self._quic_closed:
             return
         self._quic_closed = True
+        if self._retry is not None:
+            self._retry.cancel()  # nothing more to send; don't keep the endpoint alive
+            self._retry = None
         app = ev.frame_type is None
         for conn in self._sessions_all():
             if not conn.closed:
@@ -545,15 +553,13 @@ class Endpoint(asyncio.DatagramProtocol):
         self._transmit_task = None
         transport = self._transport
         if transport is not None and not transport.is_closing():
-            try:
-                datagrams = self._quic.datagrams_to_send(now=self._loop.time())
-            except self._b.transmit_error as e:
-                # qh3 2.1's core can fail to build a packet ("packet builder capacity
-                # exhausted") with many small frames queued; what it built this round is
-                # lost and recovered as packet loss. Try again on the next event.
-                log.debug("%s: transmit failed (%s); retrying", self._b.name, e)
-                datagrams = []
-                self._loop.call_later(0.001, self._transmit_soon)
+            datagrams, error = self._b.poll_datagrams(self._quic, self._loop.time())
+            if error is not None:
+                self._transmit_failed(error)
+            elif self._retry is not None:
+                self._retry.cancel()
+                self._retry = None
+                self._retry_delay = _RETRY_FIRST
             if self._sender is not None:
                 self._sender.send(datagrams)
             else:
@@ -577,6 +583,25 @@ class Endpoint(asyncio.DatagramProtocol):
             for conn in self._sessions.values():
                 if conn._blocked:
                     conn._wake_writers()
+
+    def _transmit_failed(self, error: Exception) -> None:
+        """The library could not build everything it had to send (qh3: "packet builder
+        capacity exhausted"); what it built before was sent. Often nothing changes until
+        the peer sends again (a server's anti-amplification budget after a lost first
+        Initial), and every datagram received transmits again anyway; the one retry kept
+        here, backing off to ``_RETRY_MAX``, covers a sender the peer has nothing to say to.
+        A fixed 1 ms retry per failure spun thousands of times a second."""
+        if self._retry is not None:
+            log.debug("%s: transmit failed (%s); a retry is due", self._b.name, error)
+            return
+        log.debug("%s: transmit failed (%s); retrying in %.0f ms", self._b.name, error,
+                  self._retry_delay * 1000)
+        self._retry = self._loop.call_later(self._retry_delay, self._retry_transmit)
+        self._retry_delay = min(self._retry_delay * 2, _RETRY_MAX)
+
+    def _retry_transmit(self) -> None:
+        self._retry = None
+        self.transmit()
 
     def _receive_overflow(self) -> bool:
         """The application holds more unread than the windows allow: pause reading this

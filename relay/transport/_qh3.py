@@ -36,7 +36,7 @@ from qh3.h3 import events as h3_events
 from qh3.h3.connection import H3Connection
 from qh3.quic import events
 from qh3.quic.configuration import QuicConfiguration
-from qh3.quic.connection import QuicConnection
+from qh3.quic.connection import QuicConnection, QuicConnectionError
 
 from .backend import UnreadBytes, aioquic_shaped
 from .config import QuicSettings
@@ -163,5 +163,5 @@ BACKEND = aioquic_shaped(
     view=Qh3View,
     receive_many=lambda quic, datagrams, addr, now: quic.receive_many_datagrams(
         datagrams, addr, now=now),
-    poll_datagrams=_poll_datagrams, trust=_trust,
+    poll_datagrams=_poll_datagrams, closed_error=QuicConnectionError, trust=_trust,
 )

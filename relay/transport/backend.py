@@ -143,6 +143,9 @@ class QuicBackend:
     building more (None if it built everything due). The datagrams come first even when
     building failed midway: the library counted them as sent (loss recovery, and a
     server's anti-amplification budget), so they must reach the wire."""
+    closed_error: type[Exception]
+    """What the library raises when asked to queue a frame (a PING) on a connection it is
+    already closing; the endpoint then stops asking."""
     trust: Callable[[Any, str], None]
     """(client configuration, CA file) -> verify the server against that file."""
 
@@ -153,7 +156,7 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
                    receive_many: Callable[[Any, list[bytes], Any, float], None],
                    poll_datagrams: Callable[[Any, float],
                                             tuple[list[tuple[bytes, Any]], Exception | None]],
-                   trust: Callable[[Any, str], None],
+                   closed_error: type[Exception], trust: Callable[[Any, str], None],
                    configuration_extra: Callable[[Any], dict[str, Any]] = lambda s: {}
                    ) -> QuicBackend:
     """A backend for a library with aioquic's shape (both of ours): what they share is
@@ -183,6 +186,7 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
         route=lambda server, cid: server._protocols.get(cid),
         receive_many=receive_many,
         poll_datagrams=poll_datagrams,
+        closed_error=closed_error,
         trust=trust,
     )
 

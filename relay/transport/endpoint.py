@@ -82,6 +82,7 @@ class Endpoint(asyncio.DatagramProtocol):
         self._transmit_task: asyncio.Handle | None = None
         self._retry: asyncio.TimerHandle | None = None  # after a failed transmit
         self._retry_delay = _RETRY_FIRST
+        self._keepalive_timer: asyncio.TimerHandle | None = None
         # set by the backend's QuicServer (both libraries use these names)
         self._connection_id_issued_handler: Any = lambda cid: None
         self._connection_id_retired_handler: Any = lambda cid: None
@@ -195,10 +196,14 @@ class Endpoint(asyncio.DatagramProtocol):
             self._spawn(self._wt_linger(list(self._sessions)))
 
     async def _wt_linger(self, session_ids: list[int]) -> None:
-        waits = [self._peer_finished.setdefault(s, asyncio.Event()).wait()
-                 for s in session_ids]
+        # One event after the other, in this task: no gather. A gather's child tasks are
+        # cancelled on their own at shutdown (asyncio.run cancels every task), which sets a
+        # CancelledError on the gather that nobody retrieves any more ("_GatheringFuture
+        # exception was never retrieved", logged at ERROR after WebTransport sessions).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*waits), _WT_LINGER)
+            async with asyncio.timeout(_WT_LINGER):
+                for s in session_ids:
+                    await self._peer_finished.setdefault(s, asyncio.Event()).wait()
         if not self._quic_closed and all(c.closed for c in self._sessions.values()):
             self._quic.close(error_code=H3_NO_ERROR, reason_phrase="")
             self.transmit()
@@ -430,15 +435,26 @@ class Endpoint(asyncio.DatagramProtocol):
                                    authority=self._authority)
 
     def _keepalive(self) -> None:
+        self._keepalive_timer = None
         if self._quic_closed:
             return
-        self._quic.send_ping(0)
+        try:
+            self._quic.send_ping(0)
+        except self._b.closed_error as e:
+            # Closing (our close, or the library's after a protocol error) but not yet
+            # reported closed: qh3 refuses new frames then. Nothing is left to keep alive.
+            log.debug("%s: keepalive stopped (%s)", self._b.name, e)
+            return
         self.transmit()
-        self._loop.call_later(self._settings.keepalive_interval or 0, self._keepalive)
+        self._schedule_keepalive()
+
+    def _schedule_keepalive(self) -> None:
+        if self._settings.keepalive_interval and not self._quic_closed:
+            self._keepalive_timer = self._loop.call_later(self._settings.keepalive_interval,
+                                                          self._keepalive)
 
     def _on_handshake(self) -> None:
-        if self._settings.keepalive_interval:
-            self._loop.call_later(self._settings.keepalive_interval, self._keepalive)
+        self._schedule_keepalive()
         if self._is_client:
             if self._raw is not None:
                 if not self._ready.done():
@@ -454,9 +470,10 @@ class Endpoint(asyncio.DatagramProtocol):
         if self._quic_closed:
             return
         self._quic_closed = True
-        if self._retry is not None:
-            self._retry.cancel()  # nothing more to send; don't keep the endpoint alive
-            self._retry = None
+        for timer in (self._keepalive_timer, self._retry):
+            if timer is not None:
+                timer.cancel()  # nothing more to send; don't keep the endpoint alive
+        self._keepalive_timer = self._retry = None
         app = ev.frame_type is None
         for conn in self._sessions_all():
             if not conn.closed:

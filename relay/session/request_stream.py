@@ -19,17 +19,26 @@ class RequestStream:
     REQUEST_UPDATE, answered with REQUEST_ERROR) is answered here, in order, and never
     returned; a refused request then reads as ``None``. A broken rule (``SessionError``)
     propagates: the caller's task guard closes the session with its code.
+
+    On a ``responder`` stream (a request of the peer's) our FIN after the final message
+    completes the request (§5.2): the requester's direction is then released (read to its
+    FIN, or STOP_SENDING) at once, so a requester that never FINs does not hold the stream,
+    and with it its stream credit, for the rest of the session.
     """
 
-    __slots__ = ("_pending", "_recv_done", "_send_done", "recv_stream", "send_stream", "state")
+    __slots__ = ("_pending", "_recv_done", "_released", "_responder", "_send_done",
+                 "recv_stream", "send_stream", "state")
 
-    def __init__(self, state: RequestState, send: SendStream, recv: RecvStream) -> None:
+    def __init__(self, state: RequestState, send: SendStream, recv: RecvStream, *,
+                 responder: bool = False) -> None:
         self.state = state
         self.send_stream = send
         self.recv_stream = recv
+        self._responder = responder
         self._pending: deque[Message | Refuse] = deque()
         self._send_done = False
         self._recv_done = False
+        self._released = False
 
     @property
     def stream_id(self) -> int:
@@ -49,6 +58,8 @@ class RequestStream:
         await self.send_stream.write(data, end_stream=fin)
         if fin:
             self._send_done = True
+            if self._responder:
+                await self.release()
 
     async def finish(self) -> None:
         """FIN our direction (idempotent; a closed or stopped stream is left alone)."""
@@ -58,13 +69,20 @@ class RequestStream:
         self.state.send_ended()
         with contextlib.suppress(TransportError):
             await self.send_stream.finish()
+        if self._responder:
+            await self.release()
 
     async def recv(self) -> Message | None:
         while True:
             while not self._pending:
                 if self._recv_done:
                     return None
-                chunk = await self.recv_stream.read()
+                try:
+                    chunk = await self.recv_stream.read()
+                except StreamReset:
+                    if self._released:
+                        return None  # we stopped reading: the request is over, not reset
+                    raise
                 if not chunk:
                     self._recv_done = True
                 self._pending.extend(self.state.receive(chunk, not chunk))
@@ -86,6 +104,7 @@ class RequestStream:
         if self._recv_done:
             return
         self._recv_done = True
+        self._released = True
         self.recv_stream.stop_sending(StreamResetCode.CANCELLED)
         with contextlib.suppress(StreamReset, TransportError):
             while await self.recv_stream.read():

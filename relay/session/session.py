@@ -190,7 +190,8 @@ class MoqtSession(SessionBase):
 
     async def _serve_request(self, incoming: IncomingStream) -> None:
         assert incoming.send is not None
-        rs = RequestStream(self.state.peer_request_stream(), incoming.send, incoming.recv)
+        rs = RequestStream(self.state.peer_request_stream(), incoming.send, incoming.recv,
+                           responder=True)
         try:
             await self._serve_request_on(rs)
         finally:

@@ -14,6 +14,12 @@ are handled here, each written down in ``docs/transport.md``:
   stops the over-full stream (STOP_SENDING, EXCESSIVE_LOAD) and drops its buffer.
 * Stream concurrency: the core announces fixed peer stream limits (100 bidirectional,
   103 unidirectional) and returns credit as streams close; ``max_streams_*`` do not apply.
+* Sending: the core can fail to build a packet ("packet builder capacity exhausted"), e.g.
+  a server whose anti-amplification budget (3x what the client sent) is smaller than its
+  next frame, after a lost first Initial. qh3's ``datagrams_to_send`` then raises and drops
+  the datagrams it had already built in that call, which the core has counted as sent:
+  they were lost, and a server spent its budget on them, so a handshake after a lost first
+  Initial never completed. ``_poll_datagrams`` polls the core itself and keeps them.
 
 The few private members read (``_core``, ``_remote_addr``, ``_close_event``,
 ``_remote_max_datagram_frame_size``, ``H3Connection._stream``) are listed in
@@ -115,6 +121,28 @@ class Qh3View:
         return self._unread.total
 
 
+def _poll_datagrams(quic: QuicConnection, now: float
+                    ) -> tuple[list[tuple[bytes, Any]], Exception | None]:
+    """qh3's ``datagrams_to_send`` (the core's ``poll_transmit`` until it has nothing left),
+    except that a failure returns what was built before it instead of losing it (see the
+    module doc). Leaves out that method's qlog calls: our configurations set no
+    ``quic_logger``."""
+    core = quic._core
+    built: list[tuple[bytes, Any]] = []
+    if core is None:
+        return built, None
+    while True:
+        try:
+            transmit = core.poll_transmit(now)
+        except (RuntimeError, ValueError) as e:
+            # RuntimeError: what datagrams_to_send turns into QuicConnectionError (a failed
+            # build); ValueError: a core bug it lets through ("reserved stream is missing").
+            return built, e
+        if transmit is None:
+            return built, None
+        built.append((transmit[0], transmit[1]))
+
+
 def _trust(config: QuicConfiguration, ca_file: str) -> None:
     """qh3 takes only CA certificates as trust anchors, so a CA file holding one
     self-signed server certificate (what ``kvcs relay`` makes by default) is pinned by its
@@ -135,5 +163,5 @@ BACKEND = aioquic_shaped(
     view=Qh3View,
     receive_many=lambda quic, datagrams, addr, now: quic.receive_many_datagrams(
         datagrams, addr, now=now),
-    transmit_error=QuicConnectionError, trust=_trust,
+    poll_datagrams=_poll_datagrams, closed_error=QuicConnectionError, trust=_trust,
 )

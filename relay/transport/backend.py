@@ -138,8 +138,14 @@ class QuicBackend:
     """(QuicServer, destination connection ID) -> the connection's protocol, or None."""
     receive_many: Callable[[Any, list[bytes], Any, float], None]
     """(quic, datagrams, addr, now): feed several datagrams of one peer at once."""
-    transmit_error: type[Exception]
-    """What ``datagrams_to_send`` may raise and the endpoint survives."""
+    poll_datagrams: Callable[[Any, float], tuple[list[tuple[bytes, Any]], Exception | None]]
+    """(quic, now) -> the datagrams to send now, and the error that stopped the library
+    building more (None if it built everything due). The datagrams come first even when
+    building failed midway: the library counted them as sent (loss recovery, and a
+    server's anti-amplification budget), so they must reach the wire."""
+    closed_error: type[Exception]
+    """What the library raises when asked to queue a frame (a PING) on a connection it is
+    already closing; the endpoint then stops asking."""
     trust: Callable[[Any, str], None]
     """(client configuration, CA file) -> verify the server against that file."""
 
@@ -148,7 +154,9 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
                    server_class: Any, h3_class: Any, events: Any, h3_events: Any,
                    view: Callable[[Any, Any], QuicView],
                    receive_many: Callable[[Any, list[bytes], Any, float], None],
-                   transmit_error: type[Exception], trust: Callable[[Any, str], None],
+                   poll_datagrams: Callable[[Any, float],
+                                            tuple[list[tuple[bytes, Any]], Exception | None]],
+                   closed_error: type[Exception], trust: Callable[[Any, str], None],
                    configuration_extra: Callable[[Any], dict[str, Any]] = lambda s: {}
                    ) -> QuicBackend:
     """A backend for a library with aioquic's shape (both of ours): what they share is
@@ -177,7 +185,8 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
         h3_knows_stream=lambda h3, sid: sid in h3._stream,
         route=lambda server, cid: server._protocols.get(cid),
         receive_many=receive_many,
-        transmit_error=transmit_error,
+        poll_datagrams=poll_datagrams,
+        closed_error=closed_error,
         trust=trust,
     )
 

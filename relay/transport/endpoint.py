@@ -50,6 +50,9 @@ _ALPN_ALERT = 0x100 + 120
 # How long an endpoint whose last WebTransport session ended waits for the peer to
 # finish the CONNECT stream before closing the QUIC connection underneath.
 _WT_LINGER = 1.0
+# Retrying a transmit the library failed to build: first delay, doubling up to the last.
+_RETRY_FIRST = 0.001
+_RETRY_MAX = 0.1
 
 
 class Endpoint(asyncio.DatagramProtocol):
@@ -77,6 +80,9 @@ class Endpoint(asyncio.DatagramProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._transmit_task: asyncio.Handle | None = None
+        self._retry: asyncio.TimerHandle | None = None  # after a failed transmit
+        self._retry_delay = _RETRY_FIRST
+        self._keepalive_timer: asyncio.TimerHandle | None = None
         # set by the backend's QuicServer (both libraries use these names)
         self._connection_id_issued_handler: Any = lambda cid: None
         self._connection_id_retired_handler: Any = lambda cid: None
@@ -190,10 +196,14 @@ class Endpoint(asyncio.DatagramProtocol):
             self._spawn(self._wt_linger(list(self._sessions)))
 
     async def _wt_linger(self, session_ids: list[int]) -> None:
-        waits = [self._peer_finished.setdefault(s, asyncio.Event()).wait()
-                 for s in session_ids]
+        # One event after the other, in this task: no gather. A gather's child tasks are
+        # cancelled on their own at shutdown (asyncio.run cancels every task), which sets a
+        # CancelledError on the gather that nobody retrieves any more ("_GatheringFuture
+        # exception was never retrieved", logged at ERROR after WebTransport sessions).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*waits), _WT_LINGER)
+            async with asyncio.timeout(_WT_LINGER):
+                for s in session_ids:
+                    await self._peer_finished.setdefault(s, asyncio.Event()).wait()
         if not self._quic_closed and all(c.closed for c in self._sessions.values()):
             self._quic.close(error_code=H3_NO_ERROR, reason_phrase="")
             self.transmit()
@@ -425,15 +435,26 @@ class Endpoint(asyncio.DatagramProtocol):
                                    authority=self._authority)
 
     def _keepalive(self) -> None:
+        self._keepalive_timer = None
         if self._quic_closed:
             return
-        self._quic.send_ping(0)
+        try:
+            self._quic.send_ping(0)
+        except self._b.closed_error as e:
+            # Closing (our close, or the library's after a protocol error) but not yet
+            # reported closed: qh3 refuses new frames then. Nothing is left to keep alive.
+            log.debug("%s: keepalive stopped (%s)", self._b.name, e)
+            return
         self.transmit()
-        self._loop.call_later(self._settings.keepalive_interval or 0, self._keepalive)
+        self._schedule_keepalive()
+
+    def _schedule_keepalive(self) -> None:
+        if self._settings.keepalive_interval and not self._quic_closed:
+            self._keepalive_timer = self._loop.call_later(self._settings.keepalive_interval,
+                                                          self._keepalive)
 
     def _on_handshake(self) -> None:
-        if self._settings.keepalive_interval:
-            self._loop.call_later(self._settings.keepalive_interval, self._keepalive)
+        self._schedule_keepalive()
         if self._is_client:
             if self._raw is not None:
                 if not self._ready.done():
@@ -449,6 +470,10 @@ class Endpoint(asyncio.DatagramProtocol):
         if self._quic_closed:
             return
         self._quic_closed = True
+        for timer in (self._keepalive_timer, self._retry):
+            if timer is not None:
+                timer.cancel()  # nothing more to send; don't keep the endpoint alive
+        self._keepalive_timer = self._retry = None
         app = ev.frame_type is None
         for conn in self._sessions_all():
             if not conn.closed:
@@ -545,15 +570,13 @@ class Endpoint(asyncio.DatagramProtocol):
         self._transmit_task = None
         transport = self._transport
         if transport is not None and not transport.is_closing():
-            try:
-                datagrams = self._quic.datagrams_to_send(now=self._loop.time())
-            except self._b.transmit_error as e:
-                # qh3 2.1's core can fail to build a packet ("packet builder capacity
-                # exhausted") with many small frames queued; what it built this round is
-                # lost and recovered as packet loss. Try again on the next event.
-                log.debug("%s: transmit failed (%s); retrying", self._b.name, e)
-                datagrams = []
-                self._loop.call_later(0.001, self._transmit_soon)
+            datagrams, error = self._b.poll_datagrams(self._quic, self._loop.time())
+            if error is not None:
+                self._transmit_failed(error)
+            elif self._retry is not None:
+                self._retry.cancel()
+                self._retry = None
+                self._retry_delay = _RETRY_FIRST
             if self._sender is not None:
                 self._sender.send(datagrams)
             else:
@@ -577,6 +600,25 @@ class Endpoint(asyncio.DatagramProtocol):
             for conn in self._sessions.values():
                 if conn._blocked:
                     conn._wake_writers()
+
+    def _transmit_failed(self, error: Exception) -> None:
+        """The library could not build everything it had to send (qh3: "packet builder
+        capacity exhausted"); what it built before was sent. Often nothing changes until
+        the peer sends again (a server's anti-amplification budget after a lost first
+        Initial), and every datagram received transmits again anyway; the one retry kept
+        here, backing off to ``_RETRY_MAX``, covers a sender the peer has nothing to say to.
+        A fixed 1 ms retry per failure spun thousands of times a second."""
+        if self._retry is not None:
+            log.debug("%s: transmit failed (%s); a retry is due", self._b.name, error)
+            return
+        log.debug("%s: transmit failed (%s); retrying in %.0f ms", self._b.name, error,
+                  self._retry_delay * 1000)
+        self._retry = self._loop.call_later(self._retry_delay, self._retry_transmit)
+        self._retry_delay = min(self._retry_delay * 2, _RETRY_MAX)
+
+    def _retry_transmit(self) -> None:
+        self._retry = None
+        self.transmit()
 
     def _receive_overflow(self) -> bool:
         """The application holds more unread than the windows allow: pause reading this

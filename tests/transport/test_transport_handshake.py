@@ -1,0 +1,82 @@
+"""The handshake when the network loses the client's first flight.
+
+A lost first Initial is ordinary on real networks (and what a client started before its
+server sees). Here a UDP forwarder on 127.0.0.1 stands between client and server and drops
+the client's first datagrams; the client retransmits them and the handshake must complete,
+on every backend pair, without the sender spinning on a transmit its library cannot build.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from conftest import Harness, w
+
+from relay.transport import QuicSettings, connect
+
+# The defaults a deployment runs with (1200-byte datagrams: a server's first flight does not
+# fit its anti-amplification budget of 3 x what one client Initial carries).
+HANDSHAKE = QuicSettings(connect_timeout=8.0)
+# A transmit the library cannot build (a server over its anti-amplification budget) is
+# retried with a backoff; retrying every millisecond made thousands of these in a handshake.
+MAX_FAILED_TRANSMITS = 60
+
+
+class LossyForwarder(asyncio.DatagramProtocol):
+    """Forwards one client's datagrams to ``server`` and the answers back, after dropping
+    the client's first ``drop`` datagrams."""
+
+    def __init__(self, server: tuple[str, int], drop: int) -> None:
+        self.server = server
+        self.drop = drop
+        self.dropped = 0
+        self.client: Any = None
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        assert self.transport is not None
+        if addr == self.server:
+            if self.client is not None:
+                self.transport.sendto(data, self.client)
+            return
+        self.client = addr
+        if self.dropped < self.drop:
+            self.dropped += 1
+            return
+        self.transport.sendto(data, self.server)
+
+
+@pytest.mark.parametrize("drop", [1, 2])
+async def test_a_lost_first_flight_still_completes_the_handshake(
+        make_harness: Any, drop: int, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="relay.transport.endpoint")
+    h: Harness = await make_harness(HANDSHAKE)
+    loop = asyncio.get_running_loop()
+    transport, fwd = await loop.create_datagram_endpoint(
+        lambda: LossyForwarder(("127.0.0.1", h.server.port), drop),
+        local_addr=("127.0.0.1", 0))
+    try:
+        port = transport.get_extra_info("sockname")[1]
+        client = await w(connect(f"moqt://127.0.0.1:{port}/", settings=HANDSHAKE,
+                                 ca_file=h.certs.certfile))
+        server = await w(h.sessions.get())
+        assert fwd.dropped == drop
+        # the session carries data both ways
+        send, recv = await w(client.open_bi())
+        await w(send.write(b"ping", end_stream=True))
+        inc = await w(server.accept())
+        assert await w(inc.recv.read_all()) == b"ping"
+        assert inc.send is not None
+        await w(inc.send.write(b"pong", end_stream=True))
+        assert await w(recv.read_all()) == b"pong"
+        await w(client.aclose())
+    finally:
+        transport.close()
+    failed = [r for r in caplog.records if "transmit failed" in r.getMessage()]
+    assert len(failed) <= MAX_FAILED_TRANSMITS, f"{len(failed)} failed transmits"

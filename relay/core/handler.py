@@ -422,7 +422,7 @@ class RelayHandler(SessionHandler):
         # FILL_TIMEOUT bounds all the upstream effort of this FETCH, before FETCH_OK and after
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        unanswered = False
+        unanswered = answered = False
         start, end = self._requested_bounds(lf)
         if largest is None or (start > largest and not track.live and
                                track.store.known_final(track.key) is None):
@@ -431,10 +431,17 @@ class RelayHandler(SessionHandler):
             # that is only a lower bound): learn the Track from its sources (pull-through),
             # within the request's FILL_TIMEOUT: a dead upstream must not hold the answer.
             try:
-                if await asyncio.wait_for(self._fetch_upstream(track, start, end), timeout):
+                answered = await asyncio.wait_for(self._fetch_upstream(track, start, end),
+                                                  timeout)
+                if answered:
                     largest = track.largest()
             except TimeoutError:
                 unanswered = True
+        if largest is None and answered and end.group != OBJECT_MAX:
+            # A source accepted the range (FETCH_OK: its Largest Object is at least the
+            # start) but delivered nothing of it: unknown there, so reported unknown here
+            # (End of Unknown Range), not as a Track that does not exist
+            largest = end
         if largest is None:
             relay.forget_if_idle(track)
             err = relay.unreachable_error() if self.reach is not Reach.OWN else None

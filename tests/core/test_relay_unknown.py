@@ -211,3 +211,36 @@ async def test_an_upstream_that_never_answers_costs_a_fetch_its_fill_timeout_onl
     finally:
         up.never.set()
         await r.close()
+
+
+async def test_a_cold_edge_answers_a_group_its_origin_lost_as_unknown(tmp_path: Path) -> None:
+    """Issue 26 item 7: a cold edge asked for "all of Group 1", which its origin evicted,
+    answers FETCH_OK and an Unknown (or Timed-Out) Range for it, never DOES_NOT_EXIST or
+    INVALID_RANGE "nothing published" (which tell a consumer the Track is absent)."""
+    opts = RelayOptions(in_flight_wait=0.05)
+    origin = await relay_at(tmp_path / "o", options=opts)
+    edge = await relay_at(tmp_path / "e", upstream=[origin.url], options=opts)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(origin)
+        t = await push_track(pub, name, layers=3)
+        for g in range(3):
+            await t.group(g, group_payloads(g, 3, size=300))
+        await wait_cached(origin, name, Location(2, 3))
+        assert origin.store.memory.discard_group(origin.relay.tracks[name].key, 1)
+        c = await client(edge)
+        for _ in range(2):
+            resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                location_filter=LocationFilter.absolute_group_end(1, 0, 1),
+                fill_timeout=3000)), TIMEOUT)
+            async with asyncio.timeout(TIMEOUT):
+                events = list(await resp.collect())
+            assert not [e for e in events if isinstance(e, ReceivedObject)]
+            marks = [e for e in events if isinstance(e, RangeMarker)]
+            assert marks and marks[0].type in (EndOfRangeType.UNKNOWN,
+                                               EndOfRangeType.TIMED_OUT), events
+            assert resp.end_location is not None and resp.end_location.group == 1
+        assert not edge.relay.tracks[name].absent
+    finally:
+        await edge.close()
+        await origin.close()

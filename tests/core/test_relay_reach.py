@@ -71,7 +71,7 @@ async def siblings(a: RunningRelay, b: RunningRelay, tmp: Path
         for s in sessions:
             await s.aclose()
         for srv in servers:
-            srv.close()
+            await srv.close()
 
 
 async def _announced(r: RunningRelay, ns: TrackNamespace, sources: int) -> None:

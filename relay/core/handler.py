@@ -70,6 +70,28 @@ def _tokens(session: MoqtSession | None, params: Params) -> list[bytes]:
     return tokens
 
 
+# Peers known to close their session on a namespace field that is not UTF-8 (moq-rs 0.5.1:
+# "invalid string"), by their MOQT_IMPLEMENTATION. KVCS namespace fields are raw octets, which
+# MOQT allows: such a peer is told of text namespaces only, so one client's binary namespace
+# cannot break every session of another implementation (docs/relay.md, moq-rs).
+TEXT_ONLY_IMPLEMENTATIONS = ("moq-lite",)
+
+
+def _text_only(session: MoqtSession) -> bool:
+    setup = session.peer_setup
+    impl = (setup.moqt_implementation or "") if setup is not None else ""
+    return impl.startswith(TEXT_ONLY_IMPLEMENTATIONS)
+
+
+def _is_text(namespace: TrackNamespace) -> bool:
+    try:
+        for f in namespace:
+            bytes(f).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _group_order(track: RelayTrack, *chosen: GroupOrder | None) -> GroupOrder:
     """A fill's effective Group Order (§9.4): the first one chosen, else the Track's
     DEFAULT_PUBLISHER_GROUP_ORDER property, else Ascending — what the subscriber decodes with."""
@@ -218,9 +240,11 @@ class RelayHandler(SessionHandler):
         # announcements (a lower relay is not told back what it announced)
         shows = {Reach.NO_SIBLINGS: relay.not_sibling, Reach.OWN: own_source}.get(
             self.reach, not_from(session))
+        text_only = _text_only(session)
         listener = NamespaceListener(
             req.prefix, lambda ns, active: queue.put_nowait((ns, active)),
-            lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens), session, shows)
+            lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens) and
+            (not text_only or _is_text(ns)), session, shows)
         await req.accept()
         for ns in table.add_listener(listener):
             queue.put_nowait((ns, True))

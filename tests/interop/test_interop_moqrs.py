@@ -408,3 +408,33 @@ async def test_moqrs_publisher_at_one_relay_moqrs_subscriber_at_another(tmp_path
     # one subscription per hop: B -> R -> A -> the publisher
     for x in (b, r, a):
         assert x.relay.counters.get("upstream_subscriptions") == 1
+
+
+async def test_a_binary_namespace_does_not_break_moqrs_sessions(tmp_path: Path) -> None:
+    """Issue 26 item 13: a KVCS publication (binary namespace fields) on the relay; moq-rs
+    sessions connected before and after still discover and receive a text broadcast."""
+    r = await relay_at(tmp_path)
+    try:
+        ours = await client(r)
+        binary = (b"kvcs-1", bytes(range(200, 232)), b"\xff\xfe")
+        early = moq_client(r)
+        await early.__aenter__()
+        try:
+            await asyncio.wait_for(ours.publish_namespace(binary), TIMEOUT)
+            async with moq_client(r) as mpub, moq_client(r) as msub:
+                for i, sub_session in enumerate((msub, early)):
+                    _b, track, tc = await moq_track(mpub, sub_session, f"iop/text{i}")
+                    grp = track.append_group()
+                    grp.write_frame(b"after a binary namespace", 0)
+                    grp.finish()
+                    track.finish()
+                    async with asyncio.timeout(TIMEOUT):
+                        got, again = await moq_groups(tc)
+                    assert got == {0: [b"after a binary namespace"]} and again == [], i
+                    del _b
+        finally:
+            await early.__aexit__(None, None, None)
+        # our own clients still hear of the binary namespace
+        await wait_namespace(await client(r), binary)
+    finally:
+        await r.close()

@@ -244,3 +244,34 @@ async def test_a_cold_edge_answers_a_group_its_origin_lost_as_unknown(tmp_path: 
     finally:
         await edge.close()
         await origin.close()
+
+
+async def test_a_fetchs_fill_timeout_is_one_budget_before_and_after_fetch_ok(
+        tmp_path: Path) -> None:
+    """FILL_TIMEOUT bounds all of a FETCH's upstream effort: what finding "all of Group 0"'s
+    end cost before FETCH_OK is not given again to the walk after it (issue 26 guard)."""
+    r = await relay_at(tmp_path, options=RelayOptions(in_flight_wait=0))
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _SilentFetchPublisher()
+    budget = 2.0
+    try:
+        pub = await client(r, handler=up)
+        t = await push_track(pub, name, layers=2)
+        await t.group(1, group_payloads(1, 2, size=100))  # Group 0 never came this way
+        await wait_cached(r, name, Location(1, 2))
+        c = await client(r)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_group_end(0, 0, 0),
+            fill_timeout=int(budget * 1000))), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            events = await resp.collect()
+        elapsed = loop.time() - started
+        assert [e.type for e in events] == [EndOfRangeType.TIMED_OUT]
+        # the whole budget went into looking for Group 0 before FETCH_OK: one budget in all,
+        # not a second one for the walk (that would be about twice the budget)
+        assert budget * 0.9 <= elapsed < budget * 1.5, elapsed
+    finally:
+        up.never.set()
+        await r.close()

@@ -500,7 +500,9 @@ class Relay:
         served forgets that."""
         if e is None:
             self._absent.pop(track.full_name, None)
-        elif e.code == RequestErrorCode.DOES_NOT_EXIST:
+        elif e.code == RequestErrorCode.DOES_NOT_EXIST and self.upstream is not None:
+            # only used while an upstream is unreachable (in_outage): a relay without one
+            # keeps no per-request memory of refusals
             self._absent[track.full_name] = True
 
     def in_outage(self, track: RelayTrack, err: RequestRejected) -> RequestRejected:

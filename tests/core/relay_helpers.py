@@ -96,6 +96,17 @@ async def push_track(session: MoqtSession, full_name: FullTrackName, layers: int
     return PushedTrack(session, served, full_name, layers)
 
 
+async def complete_track(session: MoqtSession, full_name: FullTrackName, layers: int,
+                         per_group: int, size: int = 2000) -> PushedTrack:
+    """A whole Track pushed with PUBLISH: ``layers`` Groups of ``per_group`` Objects, then
+    End of Track."""
+    t = await push_track(session, full_name, layers)
+    for g in range(layers):
+        await t.group(g, group_payloads(g, per_group, size))
+    await t.end()
+    return t
+
+
 def live_params() -> Params:
     """KVCS live retrieval (kvcs-draft 5.2): Next Object + fill from {0,0}."""
     return Params(location_filter=LocationFilter.next_object(),

@@ -8,6 +8,7 @@ from pathlib import Path
 from relay_helpers import (
     TIMEOUT,
     client,
+    complete_track,
     drain,
     fetch_objects,
     group_payloads,
@@ -115,10 +116,7 @@ async def test_cold_relay_b_fetches_a_completed_track_through_a(tmp_path: Path) 
     name = FullTrackName(make_ns(), b"kv.zstd.s0")
     try:
         pub = await client(a)
-        t = await push_track(pub, name, layers=2)
-        for g in range(2):
-            await t.group(g, group_payloads(g, 3))
-        await t.end()
+        t = await complete_track(pub, name, layers=2, per_group=3)
         assert await a.relay.wait_committed(name, TIMEOUT)
         await pub.aclose()
         c = await client(b)

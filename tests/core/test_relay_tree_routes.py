@@ -13,6 +13,7 @@ from relay_helpers import (
     TIMEOUT,
     PushedTrack,
     client,
+    complete_track,
     drain,
     fetch_objects,
     group_payloads,
@@ -126,10 +127,7 @@ async def test_a_restarted_leaf_announces_its_lmdb_tracks_to_a_new_root(
     name = FullTrackName(make_ns(), b"kv.raw.s0")
     try:
         pub = await client(a)
-        t = await push_track(pub, name, layers=3)
-        for g in range(3):
-            await t.group(g, group_payloads(g, 4))
-        await t.end()
+        t = await complete_track(pub, name, layers=3, per_group=4)
         assert await a.relay.wait_committed(name, TIMEOUT)
         await pub.aclose()
     finally:
@@ -301,10 +299,7 @@ async def test_pushed_up_tracks_outlive_the_lower_relay(tmp_path: Path, push: bo
     name = FullTrackName(make_ns(), b"kv.raw.s0")
     try:
         pub = await client(a)
-        t = await push_track(pub, name, layers=3)
-        for g in range(3):
-            await t.group(g, group_payloads(g, 4))
-        await t.end()
+        t = await complete_track(pub, name, layers=3, per_group=4)
         if push:  # the root holds the whole Track, End of Track included
             await wait_cached(r, name, Location(3, 0))
         await a.close()

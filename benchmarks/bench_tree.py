@@ -67,8 +67,20 @@ async def _publish(session: MoqtSession, name: FullTrackName, layers: int, block
         await served.done()
 
 
-async def tree_live(tmp: Path, layers: int, blocks: int, backend: str) -> float:
-    """MB/s of one live subscriber at B of a Track published at A, through R."""
+def _cpu(*procs: _RelayProcess) -> float:
+    """CPU seconds (user + system) the relay processes used so far (/proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for r in procs:
+        assert r.proc is not None
+        fields = Path(f"/proc/{r.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+async def tree_live(tmp: Path, layers: int, blocks: int, backend: str) -> tuple[float, float]:
+    """(MB/s of one live subscriber at B of a Track published at A through R, cores the
+    three relays used meanwhile)."""
     name = FullTrackName((b"kvcs-1", os.urandom(32), b"bench-tree"), b"k.raw.s0")
     payload = bytearray(os.urandom(OBJECT))
     total = layers * blocks
@@ -83,6 +95,7 @@ async def tree_live(tmp: Path, layers: int, blocks: int, backend: str) -> float:
             await _announced(watcher, name.namespace[:2], 1, 30)  # routable from B
             proc = await _subscriber(b, name, total)
             try:
+                cpu0 = _cpu(r, a, b)
                 t0 = time.time()
                 for g in range(layers):
                     w = await served.open_subgroup(g, 0, (128 * g) // layers)
@@ -93,13 +106,14 @@ async def tree_live(tmp: Path, layers: int, blocks: int, backend: str) -> float:
                 async with asyncio.timeout(600):
                     out = json.loads(await proc.stdout.readline())
                 assert out["bytes"] == total * OBJECT, out
+                cores = (_cpu(r, a, b) - cpu0) / (time.time() - t0)
             finally:
                 if proc.returncode is None:
                     proc.kill()
                 await proc.wait()
             await pub.aclose()
             await watcher.aclose()
-    return total * OBJECT / (out["end"] - t0) / 1e6
+    return total * OBJECT / (out["end"] - t0) / 1e6, cores
 
 
 async def first_layer(tmp: Path, layers: int, blocks: int, backend: str, push: bool
@@ -198,10 +212,12 @@ async def _run(backends: list[str], layers: int, blocks: int, publications: int
         for backend in backends:
             tmp = Path(d) / backend
             one, _lat = await fan_out(tmp / "one", SIZE, layers, blocks, 1, backend)
-            tree = await tree_live(tmp / "tree", layers, blocks, backend)
+            tree, cores = await tree_live(tmp / "tree", layers, blocks, backend)
             rows.append([backend, "1->1 one relay (baseline)", round(one, 1), "MB/s", ""])
             rows.append([backend, "1->1 A->R->B", round(tree, 1), "MB/s",
                          round(tree / one, 2)])
+            rows.append([backend, "... CPU of the three relays meanwhile", round(cores, 2),
+                         f"cores (of {os.cpu_count()})", ""])
             pull = await first_layer(tmp / "pull", layers, blocks, backend, push=False)
             push = await first_layer(tmp / "push", layers, blocks, backend, push=True)
             rows.append([backend, "FETCH at B, first layer, pulled through R from A",

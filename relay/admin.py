@@ -217,6 +217,8 @@ class AdminApi:
         return {"namespace": format_namespace(key[0]), "name": format_track_name(key[1]),
                 "tiers": sorted(tiers), "bytes": tiers,
                 "complete": relay.store.is_complete(key),
+                # its publisher failed: served as far as held, never persisted
+                "aborted": relay.store.memory.is_aborted(key),
                 "live": bool(rt is not None and rt.live),
                 "largest_object": list(largest) if largest is not None else None,
                 "subscribers": len(rt.forwarders) if rt is not None else 0}

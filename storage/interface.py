@@ -19,10 +19,10 @@ Invariants every tier keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import NamedTuple, Protocol, TypeAlias
+from typing import NamedTuple, TypeAlias
 
 OBJECT_MAX = 2**64 - 1
 """Largest vi64 value: an end Location {g, OBJECT_MAX} means "up to the end of Group g"."""
@@ -203,38 +203,3 @@ def normalize_ranges(ranges: IdRanges | None) -> list[tuple[int, int]]:
         else:
             out.append((lo, hi))
     return out
-
-
-class ObjectStore(Protocol):
-    """The read side both tiers offer; `storage.tiered.TieredStore` combines them."""
-
-    def largest_object(self, track: TrackKey) -> Location | None: ...
-
-    def known_final(self, track: TrackKey) -> Location | None:
-        """Location of the End of Track Object, if known."""
-        ...
-
-    def is_complete(self, track: TrackKey) -> bool: ...
-
-    def group_end(self, track: TrackKey, group: int) -> int | None:
-        """Object ID of the Group's End of Group Object (IDs >= it do not exist), if known."""
-        ...
-
-    def read(self, track: TrackKey, start: Location, end: Location | None = None,
-             order: GroupOrder = GroupOrder.ASCENDING,
-             object_ids: IdRanges | None = None) -> Iterator[StoredObject]:
-        """Stored Objects (status Objects included) in [start, end]; end None = Largest."""
-        ...
-
-    def walk(self, track: TrackKey, start: Location, end: Location | None = None,
-             order: GroupOrder = GroupOrder.ASCENDING, object_ids: IdRanges | None = None,
-             include_status: bool = False) -> Iterator[WalkItem]:
-        """Objects and Spans covering [start, end] in stream order (see `Span`)."""
-        ...
-
-
-def objects_only(items: Iterable[WalkItem]) -> Iterator[StoredObject]:
-    """Drop the Spans of a walk."""
-    for item in items:
-        if not isinstance(item, Span):
-            yield item

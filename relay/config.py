@@ -202,7 +202,8 @@ KEYS: tuple[Key, ...] = (
         "mounted Kubernetes Secret); added to the tokens of the config file.", ""),
     Key("admin_token_file", _opt_path, None, "File holding the bearer token of the admin API "
         "(/admin/ on the metrics listener); unset: the admin API is off.", ""),
-    Key("log_level", _log_level, "INFO", "DEBUG, INFO, WARNING or ERROR.", "INFO"),
+    Key("log_level", _log_level, "INFO", "DEBUG, INFO, WARNING, ERROR or CRITICAL.",
+        "INFO"),
     Key("log_format", _choice("text", "json"), "text", "text (one line per event) or json "
         "(one object per line).", "text"),
 )

@@ -73,6 +73,8 @@ def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(str(e), e.exit_code)
         except KvcsError as e:
             _fail(str(e))
+        except BrokenPipeError:
+            raise  # the reader went (`| head`): click ends quietly, as a pipe stage should
         except OSError as e:
             _fail(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}")
         except (SessionFailure, TransportError) as e:

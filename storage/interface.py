@@ -1,7 +1,9 @@
 """Record types and the read/write contract shared by the storage tiers.
 
-The storage package sits *below* the relay and never imports from `relay/`; the few MOQT
-notions it needs (Location, Object Status, Group Order) are defined here again.
+The storage package sits *below* the relay core: of `relay/` it imports only the MOQT
+vocabulary of the sans-IO codec (Location, Object Status, Group Order, the vi64 bound), so the
+relay and its store speak one vocabulary and nothing converts between them
+(tests/test_layers.py).
 
 Invariants every tier keeps:
 
@@ -24,33 +26,16 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple, TypeAlias
 
-OBJECT_MAX = 2**64 - 1
+# re-exported: the tiers take them from here
+from relay.moqt.codes import GroupOrder as GroupOrder
+from relay.moqt.codes import ObjectStatus
+from relay.moqt.primitives import Location
+from relay.moqt.vi64 import MAX_VI64
+
+OBJECT_MAX = MAX_VI64
 """Largest vi64 value: an end Location {g, OBJECT_MAX} means "up to the end of Group g"."""
 
-
-class Location(NamedTuple):
-    """MOQT Location {Group, Object}; tuple order is the spec's lexicographic order (§2.3)."""
-
-    group: int
-    object: int
-
-
 ORIGIN = Location(0, 0)
-
-
-class ObjectStatus(IntEnum):
-    """MOQT Object Status values a cache keeps (§11.4)."""
-
-    NORMAL = 0
-    END_OF_GROUP = 3
-    END_OF_TRACK = 4
-
-
-class GroupOrder(IntEnum):
-    """GROUP_ORDER parameter values (§6.1); Objects are ascending inside a Group either way."""
-
-    ASCENDING = 1
-    DESCENDING = 2
 
 
 class SpanKind(IntEnum):

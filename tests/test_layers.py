@@ -91,3 +91,4 @@ def test_the_session_modules_import_no_cycle() -> None:
     for n in sorted(graph):
         if state[n] == 0:
             visit(n)
+

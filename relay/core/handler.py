@@ -49,7 +49,6 @@ from storage.interface import OBJECT_MAX, Tier
 from . import cache
 from .announce import AnnouncedAuthority
 from .auth import Authorizer, Role, token_values
-from .cache import relay_location
 from .forwarder import Forwarder
 from .namespaces import NamespaceListener, PublisherEntry, Reach, not_from, own_source
 from .scheduler import DEFAULT_SUBSCRIBER_PRIORITY, ScheduledWriter, SessionScheduler
@@ -492,7 +491,7 @@ class RelayHandler(SessionHandler):
                 end.group == lf.end_group:
             end = await self._group_end_location(track, rng.start, end,
                                                  max(0.0, deadline - loop.time()))
-        final = relay_location(track.store.known_final(track.key))
+        final = track.store.known_final(track.key)
         end_of_track = final is not None and final <= end and \
             end >= largest
         started = asyncio.get_running_loop().time()

@@ -46,7 +46,7 @@ from storage.interface import (
 )
 
 from . import cache
-from .cache import relay_location, status_object, stored_object
+from .cache import status_object, stored_object
 
 if TYPE_CHECKING:
     from storage.tiered import TieredStore
@@ -202,7 +202,7 @@ class RelayTrack:
 
     def largest(self) -> Location | None:
         """The relay's Largest Object: never less than what upstream reported (§6.3)."""
-        loc = relay_location(self.store.largest_object(self.key))
+        loc = self.store.largest_object(self.key)
         up = self.upstream_largest
         if loc is None:
             return up
@@ -562,7 +562,7 @@ class RelayTrack:
             for obj in cache.read(r, self.key, Location(group, 0),
                                   Location(group, OBJECT_MAX)):
                 last = obj.location
-        return relay_location(last)
+        return last
 
     def append_fetched(self, obj: StoredObject) -> None:
         """An Object learned from an upstream FETCH (cached like any other, §14.6 step 5)."""

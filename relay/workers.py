@@ -66,6 +66,8 @@ log = logging.getLogger("kvcs.relay")
 _MAX_NOT_SUM = {"kvcs_relay_draining", "kvcs_relay_upstream_connected"}
 RESTART_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)  # seconds before restarts in a row
 _SCRAPE_TIMEOUT = 3.0
+_READY_AGAIN_TIMEOUT = 60.0  # a restarted worker not ready by then is left to its own exit
+_READY_POLL = 0.05  # the ready file is written by the worker: no event to wait for
 
 
 def usable_cores() -> int:
@@ -307,13 +309,15 @@ class Supervisor:
 
     async def _note_ready(self, w: _Worker) -> None:
         """Once a restarted worker is ready, the ready file names its new pid."""
-        for _ in range(1200):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _READY_AGAIN_TIMEOUT
+        while loop.time() < deadline:
             if w.index in self._infos():
                 w.failures_in_a_row = 0
                 self._write_ready_file()
                 log.info("worker %d ready again (pid %d)", w.index, w.proc.pid if w.proc else -1)
                 return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(_READY_POLL)
 
     async def _stop_all(self) -> int:
         self.stopping = True

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from relay.moqt.codes import (
     GroupOrder,
@@ -40,9 +40,11 @@ from relay.session import (
     IncomingTrackStatus,
     MoqtSession,
     RequestRejected,
+    ServedSubscription,
     SessionHandler,
 )
 from relay.session.errors import SessionFailure
+from relay.session.requests import IncomingRequest, IncomingTrackRequest
 from relay.transport import TransportError
 from storage.interface import OBJECT_MAX, Tier
 
@@ -60,6 +62,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvcs.relay")
 
+
+
+def _moqt_session(req: IncomingRequest | ServedSubscription) -> MoqtSession:
+    """The MOQT session of a request the relay serves (the session layer types it by its
+    base class: every session the relay accepts is a MoqtSession)."""
+    return cast(MoqtSession, req.session)
 
 
 def _tokens(session: MoqtSession | None, params: Params) -> list[bytes]:
@@ -138,15 +146,12 @@ class RelayHandler(SessionHandler):
             return  # the relay's own traffic between its workers is not a client request
         self.relay.counters.inc(f"request_{req.TYPE.name}_{'ok' if code is None else code}")
 
-    def _sess(self, req: Any) -> MoqtSession:
-        return req.session  # type: ignore[no-any-return]
-
     def scheduler(self, session: MoqtSession) -> SessionScheduler:
         if self._scheduler is None:
             self._scheduler = SessionScheduler(session.spawn)
         return self._scheduler
 
-    async def _refuse(self, req: Any, code: int, reason: str) -> None:
+    async def _refuse(self, req: IncomingTrackRequest, code: int, reason: str) -> None:
         """REQUEST_ERROR; a refusal because the upstream relay is unreachable is counted
         (upstream_unreachable) and logged, so an outage is visible, not a missing Track."""
         if reason == UNREACHABLE:
@@ -162,15 +167,15 @@ class RelayHandler(SessionHandler):
             return AnnouncedAuthority(self.relay.announcer)
         return self.relay.auth
 
-    def _allowed(self, req: Any, role: Role, namespace: TrackNamespace) -> bool:
-        ok = self.auth.allows(role, namespace, _tokens(self._sess(req), req.params))
+    def _allowed(self, req: IncomingRequest, role: Role, namespace: TrackNamespace) -> bool:
+        ok = self.auth.allows(role, namespace, _tokens(_moqt_session(req), req.params))
         if not ok:
             self.relay.counters.inc("auth_failures")
         return ok
 
     # -- publishers -------------------------------------------------------------------------------
 
-    async def _downward(self, req: Any) -> bool:
+    async def _downward(self, req: IncomingRequest) -> bool:
         """Publishing toward us from our upstream relay is refused: a tree announces up
         only, so routes never loop."""
         if self.reach is not Reach.OWN:
@@ -184,7 +189,7 @@ class RelayHandler(SessionHandler):
         if not self._allowed(req, Role.PUBLISH, req.namespace):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized to publish there")
             return
-        session = self._sess(req)
+        session = _moqt_session(req)
         entry = PublisherEntry(req.namespace, session)
         await req.accept()
         self.relay.namespaces.add_publisher(entry)
@@ -221,7 +226,7 @@ class RelayHandler(SessionHandler):
     # -- discovery --------------------------------------------------------------------------------
 
     async def subscribe_namespace(self, req: IncomingSubscribeNamespace) -> None:
-        session = self._sess(req)
+        session = _moqt_session(req)
         tokens = _tokens(session, req.params)
         auth = self.auth
         if not auth.allows_prefix(Role.SUBSCRIBE, req.prefix, tokens):
@@ -285,7 +290,7 @@ class RelayHandler(SessionHandler):
             relay.forget_if_idle(track)
             await self._refuse(req, err.code, err.reason)
             return
-        session = self._sess(req)
+        session = _moqt_session(req)
         params = req.params
         # L, the live start and the Forwarder's registration happen with no await between
         # them, so no Object above L can be missed or sent twice (§9.6).
@@ -324,10 +329,10 @@ class RelayHandler(SessionHandler):
             # The upstream ended while we answered, or the Track had ended before: a relay
             # holding an ended Track answers from cache and ends the subscription at once
             # rather than refusing it (see docs/relay.md).
-            fwd.upstream_done(0x2, "track ended")
+            fwd.upstream_done(PublishDoneCode.TRACK_ENDED, "track ended")
         await fwd.wait_finished(served.cancelled)
 
-    async def _on_update(self, track: RelayTrack, served: Any, fwd: Forwarder,
+    async def _on_update(self, track: RelayTrack, served: ServedSubscription, fwd: Forwarder,
                          msg: Any) -> Params:
         """REQUEST_UPDATE on a downstream subscription (§7.5): Forward and priority changes
         apply to the Forwarder; a new Location filter moves its window; FILL_PARAMETERS opens
@@ -359,10 +364,6 @@ class RelayHandler(SessionHandler):
         return Params(largest_object=largest)
 
     @staticmethod
-    def _sess_of(served: Any) -> MoqtSession:
-        return served.session  # type: ignore[no-any-return]
-
-    @staticmethod
     def _group_end_after_fill(track: RelayTrack, fwd: Forwarder, largest: Location) -> None:
         """L is an End of Group the fill covered and the live part starts right after:
         say on the live path that the Group is over (see Forwarder.announce_group_end)."""
@@ -371,7 +372,7 @@ class RelayHandler(SessionHandler):
         if eog is not None and eog.status == ObjectStatus.END_OF_GROUP and not eog.datagram:
             fwd.announce_group_end(eog.group, eog.subgroup, eog.priority)
 
-    async def _serve_fill(self, track: RelayTrack, served: Any, params: Params,
+    async def _serve_fill(self, track: RelayTrack, served: ServedSubscription, params: Params,
                           largest: Location, priority: int, request_id: int | None = None
                           ) -> Location | None:
         """Open the fill fetch stream now; walk and write it in a task of the session, in
@@ -394,7 +395,7 @@ class RelayHandler(SessionHandler):
             stream = await served.open_fill(request_id, group_order=order)
         except (TransportError, SessionFailure):
             return None
-        session = self._sess_of(served)
+        session = _moqt_session(served)
         writer = ScheduledWriter(stream, self.scheduler(session),
                                  fill.subscriber_priority if fill.subscriber_priority is not None
                                  else priority)
@@ -496,7 +497,7 @@ class RelayHandler(SessionHandler):
             end >= largest
         started = asyncio.get_running_loop().time()
         writer = ScheduledWriter(await req.accept(end_of_track, end, _props(track, params)),
-                                 self.scheduler(self._sess(req)),
+                                 self.scheduler(_moqt_session(req)),
                                  params.subscriber_priority
                                  if params.subscriber_priority is not None
                                  else DEFAULT_SUBSCRIBER_PRIORITY)

@@ -17,7 +17,6 @@ together.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,7 @@ from prometheus_client.openmetrics import exposition as _om
 from prometheus_client.registry import Collector
 
 from relay.admin import PREFIX as ADMIN_PREFIX
-from relay.admin import BadRequest, content_length
+from relay.http import Answer, Listener, text
 from relay.moqt.codes import RequestErrorCode, SessionErrorCode
 
 if TYPE_CHECKING:
@@ -327,172 +326,55 @@ class RelayMetrics:
 
 ReadyCheck = Callable[[], Awaitable[list[str]]]
 
-# The request line and headers together: ours are a few hundred bytes, and a line longer
-# than the stream's own limit (asyncio's 64 KiB) is refused the same way.
-MAX_HEAD = 64 * 1024
-# After the answer, what a client still sends (a body we refused to read, the rest of an
-# oversized head) is read and dropped, up to this much for this long: closing a socket with
-# unread input makes the kernel answer with a reset, which can destroy our answer before
-# the client reads it.
-LINGER_BYTES = 4 << 20
-LINGER_SECONDS = 2.0
-
-
-class HeadTooLarge(Exception):
-    """The request's head exceeds :data:`MAX_HEAD` (answered 431)."""
-
-    def __init__(self, request_line: str) -> None:
-        super().__init__("request head too large")
-        self.request_line = request_line  # "" when the request line itself was too long
-
-
-async def read_head(reader: asyncio.StreamReader) -> list[str]:
-    """The request line and header lines (latin-1, without their CRLF), at most
-    :data:`MAX_HEAD` bytes in all; `HeadTooLarge` beyond."""
-    lines: list[str] = []
-    size = 0
-    while True:
-        try:
-            raw = await reader.readuntil(b"\r\n")
-        except asyncio.LimitOverrunError:  # one line longer than the stream's limit
-            raise HeadTooLarge(lines[0] if lines else "") from None
-        size += len(raw)
-        if size > MAX_HEAD:
-            raise HeadTooLarge(lines[0] if lines else "")
-        if raw == b"\r\n":
-            return lines
-        lines.append(raw[:-2].decode("latin-1"))
-
-
-def parse_headers(lines: list[str]) -> dict[str, str]:
-    """Header lines as a dict of lower-case names (the last of repeated ones wins)."""
-    return {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
-
-
-def request_target(request_line: str) -> tuple[str, str]:
-    """(method, path without the query) of a request line; ("", "") if it has none."""
-    parts = request_line.split(" ")
-    if len(parts) < 2:
-        return (parts[0] if parts else ""), ""
-    return parts[0], parts[1].split("?", 1)[0]
-
-
-async def answer_and_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           data: bytes) -> None:
-    """Send ``data`` (a whole answer), tell the client we are done sending, then drop what
-    it still sends (bounded: :data:`LINGER_BYTES`, :data:`LINGER_SECONDS`) until it closes,
-    so that our close does not reset the connection under an answer not yet read. The
-    caller closes the writer."""
-    writer.write(data)
-    await writer.drain()
-    if writer.can_write_eof():
-        writer.write_eof()
-    with contextlib.suppress(TimeoutError, ConnectionError):
-        async with asyncio.timeout(LINGER_SECONDS):
-            left = LINGER_BYTES
-            while left > 0 and (chunk := await reader.read(min(left, 1 << 16))):
-                left -= len(chunk)
-
-
 class MetricsServer:
-    """A small HTTP/1.1 server on the relay's loop: /metrics, /healthz, /readyz."""
+    """The relay's HTTP listener, on its loop: /metrics, /healthz, /readyz, and /admin/."""
 
     def __init__(self, metrics: RelayMetrics, ready: ReadyCheck,
                  admin: AdminApi | None = None) -> None:
         self.metrics = metrics
         self.ready = ready
         self.admin = admin  # None: /admin/ is off (404)
-        self._server: asyncio.Server | None = None
+        self._listener = Listener(self._route, "metrics listener", self._head_too_large)
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port)
+        await self._listener.start(host, port)
 
     @property
     def address(self) -> tuple[str, int]:
-        assert self._server is not None
-        sock = self._server.sockets[0].getsockname()
-        return sock[0], sock[1]
+        return self._listener.address
 
     @property
     def port(self) -> int:
         return self.address[1]
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-            self._server = None
+        await self._listener.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(10.0):  # a stuck client must not hold a task forever
-                try:
-                    lines = await read_head(reader)
-                    status, ctype, body = await self._route(lines, reader)
-                except HeadTooLarge as e:
-                    status, ctype, body = self._too_large(e.request_line)
-                await answer_and_close(reader, writer, (
-                    b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                    b"Connection: close\r\n\r\n" % (
-                        status, _REASONS[status], ctype.encode(), len(body)) + body))
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError):
-            pass
-        except Exception:
-            log.exception("metrics request failed")
-        finally:
-            writer.close()
-
-    def _too_large(self, request_line: str) -> tuple[int, str, bytes]:
-        """431. On /admin/ it is also a request refused without a token we could check:
+    def _head_too_large(self, method: str, path: str) -> None:
+        """On /admin/ a 431 is also a request refused without a token we could check:
         counted and logged as the other refusals are."""
-        method, path = request_target(request_line)
         if self.admin is not None and path.startswith(ADMIN_PREFIX):
             self.admin.note_refused(method, path, "request head too large")
-        return 431, "text/plain", b"request head too large\n"
 
-    async def _route(self, lines: list[str],
-                     reader: asyncio.StreamReader | None = None) -> tuple[int, str, bytes]:
-        method, path = request_target(lines[0] if lines else "")
-        headers = parse_headers(lines[1:])
+    async def _route(self, method: str, path: str, headers: dict[str, str],
+                     reader: asyncio.StreamReader) -> Answer:
         if path.startswith(ADMIN_PREFIX):
-            if self.admin is None or reader is None:  # off: as if it did not exist
-                return 404, "text/plain", b"not found\n"
-            return await self._admin(method, path, headers, reader)
+            if self.admin is None:  # off: as if it did not exist
+                return text(404, "not found")
+            return await self.admin.route(method, path, headers, reader)
         if not path or method not in ("GET", "HEAD"):
-            return 405, "text/plain", b"method not allowed\n"
+            return text(405, "method not allowed")
         if path == "/metrics":
             body, ctype = self.metrics.render(headers.get("accept", ""))
             return 200, ctype, body
         if path == "/healthz":
-            return 200, "text/plain", b"ok\n"
+            return text(200, "ok")
         if path == "/readyz":
             problems = await self.ready()
             if problems:
-                return 503, "text/plain", ("\n".join(problems) + "\n").encode()
-            return 200, "text/plain", b"ready\n"
-        return 404, "text/plain", b"not found\n"
-
-    async def _admin(self, method: str, path: str, headers: dict[str, str],
-                     reader: asyncio.StreamReader) -> tuple[int, str, bytes]:
-        """The token first, from the headers alone: a request without it learns nothing
-        else (not even whether its body would have been acceptable) and is counted."""
-        assert self.admin is not None
-        refused = self.admin.check(method, path, headers)
-        if refused is not None:
-            return refused
-        try:
-            length = content_length(headers)
-        except BadRequest as e:
-            return 400, "text/plain", f"{e}\n".encode()
-        body = await reader.readexactly(length) if length else b""
-        return await self.admin.serve(method, path, body)
+                return text(503, "\n".join(problems))
+            return text(200, "ready")
+        return text(404, "not found")
 
 
-_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found",
-            405: b"Method Not Allowed", 431: b"Request Header Fields Too Large",
-            503: b"Service Unavailable"}
-
-__all__ = ["HeadTooLarge", "MetricsServer", "ReadyCheck", "RelayCollector", "RelayMetrics",
-           "answer_and_close", "parse_headers", "read_head", "request_target"]
+__all__ = ["MetricsServer", "ReadyCheck", "RelayCollector", "RelayMetrics"]

@@ -141,8 +141,8 @@ async def test_health_and_readiness(tmp_path: Path) -> None:
     r = await _relay(tmp_path)
     try:
         assert r.metrics_port is not None
-        assert (await http_get(r.metrics_port, "/healthz"))[0] == 200
-        assert (await http_get(r.metrics_port, "/readyz"))[0] == 200
+        assert await http_get(r.metrics_port, "/healthz") == (200, "ok\n")
+        assert await http_get(r.metrics_port, "/readyz") == (200, "ready\n")
         assert (await http_get(r.metrics_port, "/nope"))[0] == 404
         await r.relay.goaway_all()  # draining: alive, no longer ready
         code, body = await http_get(r.metrics_port, "/readyz")

@@ -35,9 +35,11 @@ from prometheus_client.registry import Collector
 from relay.admin import PREFIX as ADMIN_PREFIX
 from relay.http import Answer, Listener, text
 from relay.moqt.codes import RequestErrorCode, SessionErrorCode
+from storage.interface import Tier
 
 if TYPE_CHECKING:
     from relay.admin import AdminApi
+    from relay.core.counters import Counters
     from relay.core.relay import Relay
     from storage.tiered import TieredStore
 
@@ -46,7 +48,6 @@ log = logging.getLogger("kvcs.metrics")
 P = "kvcs_relay_"
 TRANSPORTS = ("quic", "webtransport")
 OPS = ("fill", "fetch")
-TIERS = ("memory", "lmdb")
 # Per-subscriber backlog buckets (bytes queued, not yet written): 64 KiB … 256 MiB, the
 # default TOO_FAR_BEHIND bound.
 BACKLOG_BUCKETS = tuple(float(1 << s) for s in range(16, 29, 2))
@@ -64,12 +65,6 @@ def _code_name(enum: Any, code: int) -> str:
         return "other"
 
 
-def _suffix_counts(values: dict[str, int], prefix: str) -> Iterator[tuple[str, int]]:
-    for key, n in list(values.items()):
-        if key.startswith(prefix):
-            yield key[len(prefix):], n
-
-
 class RelayCollector(Collector):
     """Reads a Relay's counters and state when scraped."""
 
@@ -79,7 +74,7 @@ class RelayCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         relay = self.relay
-        c = relay.counters.values
+        c = relay.counters
         yield from self._sessions(c)
         yield from self._requests(c)
 
@@ -87,28 +82,29 @@ class RelayCollector(Collector):
                               "Downstream subscriptions being served.")
         g.add_metric([], sum(len(t.forwarders) for t in list(relay.tracks.values())))
         yield g
-        for key, doc in (("fills_active", "Fills being served from the cache."),
-                         ("fetches_active", "FETCHes being served from the cache.")):
+        for key, doc, served in (("fills_active", "Fills being served from the cache.", c.fill),
+                                 ("fetches_active", "FETCHes being served from the cache.",
+                                  c.fetch)):
             g = GaugeMetricFamily(P + key, doc)
-            g.add_metric([], c.get(key, 0))
+            g.add_metric([], served.in_flight.count)
             yield g
         g = GaugeMetricFamily(P + "tracks", "Tracks the relay knows (cached or live).")
         g.add_metric([], len(relay.tracks))
         yield g
 
         yield _counter("objects_received", "Objects received from publishers and upstream "
-                       "subscriptions.", c.get("objects_received", 0))
+                       "subscriptions.", c.objects_received)
         yield _counter("received_bytes", "Payload bytes of the Objects received.",
-                       c.get("bytes_received", 0))
+                       c.bytes_received)
         sent = CounterMetricFamily(P + "objects_sent", "Objects sent downstream, by path.",
                                    labels=["path"])
         sent_b = CounterMetricFamily(P + "sent_bytes", "Payload bytes sent downstream, by path.",
                                      labels=["path"])
-        sent.add_metric(["subscription"], c.get("objects_sent", 0))
-        sent_b.add_metric(["subscription"], c.get("bytes_sent", 0))
-        for op in OPS:
-            sent.add_metric([op], sum(c.get(f"{op}_objects_{t}", 0) for t in TIERS))
-            sent_b.add_metric([op], c.get(f"{op}_bytes", 0))
+        sent.add_metric(["subscription"], c.objects_sent)
+        sent_b.add_metric(["subscription"], c.bytes_sent)
+        for op, served in (("fill", c.fill), ("fetch", c.fetch)):
+            sent.add_metric([op], sum(served.objects.values()))
+            sent_b.add_metric([op], served.bytes)
         yield sent
         yield sent_b
 
@@ -118,21 +114,21 @@ class RelayCollector(Collector):
                                      "tier held, looked up upstream.", labels=["op"])
         unknown = CounterMetricFamily(P + "unknown_ranges", "Ranges of fills and FETCHes "
                                       "reported unknown or timed out.", labels=["op"])
-        for op in OPS:
-            for t in TIERS:
-                hits.add_metric([op, t], c.get(f"{op}_objects_{t}", 0))
-            misses.add_metric([op], c.get(f"{op}_upstream_lookups", 0))
-            unknown.add_metric([op], c.get(f"{op}_unknown_ranges", 0))
+        for op, served in (("fill", c.fill), ("fetch", c.fetch)):
+            for tier in (Tier.MEMORY, Tier.LMDB):
+                hits.add_metric([op, tier.name.lower()], served.objects[tier])
+            misses.add_metric([op], served.upstream_lookups)
+            unknown.add_metric([op], served.unknown_ranges)
         yield hits
         yield misses
         yield unknown
 
         yield _counter("upstream_subscriptions", "Subscriptions the relay made to publishers "
-                       "or upstream relays.", c.get("upstream_subscriptions", 0))
+                       "or upstream relays.", c.upstream_subscriptions)
         yield _counter("upstream_fetches", "FETCHes the relay sent to publishers or upstream "
-                       "relays (after coalescing).", c.get("upstream_fetches", 0))
+                       "relays (after coalescing).", c.upstream_fetches)
         yield _counter("upstream_fetched_objects", "Objects received by upstream FETCHes.",
-                       c.get("upstream_fetch_objects", 0))
+                       c.upstream_fetched_objects)
         up = relay.upstream
         g = GaugeMetricFamily(P + "upstream_connected",
                               "1 while an upstream relay session is open.")
@@ -148,22 +144,22 @@ class RelayCollector(Collector):
         yield g
         yield _counter("upstream_announcements_refused", "PUBLISH_NAMESPACE the upstream "
                        "relay refused (served locally).",
-                       c.get("upstream_announcements_refused", 0))
+                       c.upstream_announcements_refused)
         yield _counter("upstream_announcements_uncovered", "Prefixes not announced: the "
                        "upstream token does not cover them.",
-                       c.get("upstream_announcements_uncovered", 0))
+                       c.upstream_announcements_uncovered)
         yield _counter("upstream_pushes", "Tracks pushed to the upstream relay (PUBLISH).",
-                       c.get("upstream_pushes", 0))
+                       c.upstream_pushes)
         yield _counter("upstream_pushes_failed", "Pushes to the upstream relay that could "
-                       "not start.", c.get("upstream_pushes_failed", 0))
+                       "not start.", c.upstream_pushes_failed)
         yield _counter("upstream_unreachable", "Requests refused with TIMEOUT because the "
                        "upstream relay was unreachable or did not answer in time.",
-                       c.get("upstream_unreachable", 0))
+                       c.upstream_unreachable)
 
         yield from self._storage(c)
         yield from self._scopes()
         yield _counter("sessions_refused", "Sessions refused at once because max_sessions "
-                       "were open.", c.get("sessions_refused", 0))
+                       "were open.", c.sessions_refused)
 
         buckets, total = _backlog_buckets(relay)
         yield GaugeHistogramMetricFamily(
@@ -171,18 +167,18 @@ class RelayCollector(Collector):
             "not yet written (distribution at scrape time).", buckets=buckets,
             gsum_value=total)
         yield _counter("too_far_behind", "Subscriptions ended as too far behind.",
-                       c.get("too_far_behind", 0))
+                       c.too_far_behind)
         yield _counter("authorization_failures", "Requests refused for want of a valid "
-                       "token.", c.get("auth_failures", 0))
+                       "token.", c.auth_failures)
         yield _counter("admin_unauthorized", "Admin API requests refused for a missing or "
-                       "wrong token.", c.get("admin_unauthorized", 0))
+                       "wrong token.", c.admin_unauthorized)
         yield _counter("admin_purged_tracks", "Tracks removed by admin purges.",
-                       c.get("admin_purged_tracks", 0))
+                       c.admin_purged_tracks)
         g = GaugeMetricFamily(P + "draining", "1 once GOAWAY was sent to every session.")
         g.add_metric([], 1 if relay.draining else 0)
         yield g
 
-    def _sessions(self, c: dict[str, int]) -> Iterator[Metric]:
+    def _sessions(self, c: Counters) -> Iterator[Metric]:
         open_ = GaugeMetricFamily(P + "sessions_open", "MOQT sessions open.",
                                   labels=["transport"])
         counts = dict.fromkeys(TRANSPORTS, 0)
@@ -195,36 +191,33 @@ class RelayCollector(Collector):
         acc = CounterMetricFamily(P + "sessions_accepted", "MOQT sessions set up.",
                                   labels=["transport"])
         for t in TRANSPORTS:
-            acc.add_metric([t], c.get(f"sessions_accepted_{t}", 0))
+            acc.add_metric([t], c.sessions_accepted.get(t, 0))
         yield acc
         closed = CounterMetricFamily(P + "sessions_closed", "MOQT sessions closed, by "
                                      "transport and session close code.",
                                      labels=["transport", "code"])
         merged: dict[tuple[str, str], int] = {}
-        for t in TRANSPORTS:
-            for code, n in _suffix_counts(c, f"sessions_closed_{t}_"):
-                k = (t, _code_name(SessionErrorCode, int(code)))
-                merged[k] = merged.get(k, 0) + n
+        for (t, code), n in list(c.sessions_closed.items()):
+            k = (t, _code_name(SessionErrorCode, code))
+            merged[k] = merged.get(k, 0) + n
         for (t, code), n in sorted(merged.items()):
             closed.add_metric([t, code], n)
         yield closed
 
-    def _requests(self, c: dict[str, int]) -> Iterator[Metric]:
+    def _requests(self, c: Counters) -> Iterator[Metric]:
         fam = CounterMetricFamily(P + "requests", "Requests received, by message type and "
                                   "result (ok or the REQUEST_ERROR code name).",
                                   labels=["type", "result"])
         merged: dict[tuple[str, str], int] = {}
-        for rest, n in _suffix_counts(c, "request_"):
-            mtype, _, result = rest.rpartition("_")
-            if result != "ok":
-                result = _code_name(RequestErrorCode, int(result))
+        for (mtype, code), n in list(c.requests.items()):
+            result = "ok" if code is None else _code_name(RequestErrorCode, code)
             k = (mtype.lower(), result)
             merged[k] = merged.get(k, 0) + n
         for (mtype, result), n in sorted(merged.items()):
             fam.add_metric([mtype, result], n)
         yield fam
 
-    def _storage(self, c: dict[str, int]) -> Iterator[Metric]:
+    def _storage(self, c: Counters) -> Iterator[Metric]:
         stats = self.store.stats()
         mem = stats["memory"]
         lm = stats.get("lmdb")
@@ -249,12 +242,15 @@ class RelayCollector(Collector):
         g.add_metric([], lm["tracks"] if lm is not None else 0)
         yield g
         yield _counter("lmdb_committed_tracks", "Complete Tracks committed to LMDB.",
-                       c.get("lmdb_committed_tracks", 0))
+                       c.lmdb_committed_tracks)
         yield _counter("lmdb_committed_bytes", "Bytes committed to LMDB.",
-                       c.get("lmdb_committed_bytes", 0))
+                       c.lmdb_committed_bytes)
         yield _counter("lmdb_full", "Commit attempts refused because LMDB was full (the "
                        "Track stays in memory; the commit is retried unless the Track "
-                       "exceeds the capacity).", c.get("lmdb_full", 0))
+                       "exceeds the capacity).", c.lmdb_full)
+        yield _counter("lmdb_expired_tracks", "Tracks removed from LMDB because their age "
+                       "passed lmdb_max_age or their MAX_CACHE_DURATION.",
+                       c.lmdb_expired_tracks)
 
 
     def _scopes(self) -> Iterator[Metric]:
@@ -315,7 +311,7 @@ class RelayMetrics:
             h = Histogram(P + f"{op}_duration_seconds",
                           f"Time to serve a {op} from the cache, from accept to the last "
                           "Object written.", buckets=LATENCY_BUCKETS, registry=self.registry)
-            relay.counters.observers[f"{op}_seconds"] = h.observe
+            getattr(relay.counters, op).observe = h.observe
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition for an ``Accept`` header (OpenMetrics when asked for)."""
@@ -325,6 +321,7 @@ class RelayMetrics:
 
 
 ReadyCheck = Callable[[], Awaitable[list[str]]]
+
 
 class MetricsServer:
     """The relay's HTTP listener, on its loop: /metrics, /healthz, /readyz, and /admin/."""

@@ -174,12 +174,12 @@ class RunningRelay:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.relay.goaway_all(), timeout)
         c = self.relay.counters
-        while c.get("fills_active") + c.get("fetches_active") > 0:
-            if loop.time() >= deadline:
-                log.warning("drain timeout: %d fills and %d fetches cut short",
-                            c.get("fills_active"), c.get("fetches_active"))
-                return False
-            await asyncio.sleep(0.05)  # no event for "last request ended"; cheap to poll
+        try:
+            await asyncio.wait_for(c.wait_idle(), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            log.warning("drain timeout: %d fills and %d fetches cut short",
+                        c.fill.in_flight.count, c.fetch.in_flight.count)
+            return False
         commits = [t._commit_task for t in list(self.relay.tracks.values())
                    if t._commit_task is not None and not t._commit_task.done()]
         if commits:

@@ -46,7 +46,7 @@ from relay.session import (
 from relay.session.errors import SessionFailure
 from relay.session.requests import IncomingRequest, IncomingTrackRequest
 from relay.transport import TransportError
-from storage.interface import OBJECT_MAX, Tier
+from storage.interface import OBJECT_MAX
 
 from . import cache
 from .announce import AnnouncedAuthority
@@ -144,7 +144,7 @@ class RelayHandler(SessionHandler):
     def answered(self, req: Any, code: int | None) -> None:
         if self.sibling:
             return  # the relay's own traffic between its workers is not a client request
-        self.relay.counters.inc(f"request_{req.TYPE.name}_{'ok' if code is None else code}")
+        self.relay.counters.answered(req.TYPE.name, code)
 
     def scheduler(self, session: MoqtSession) -> SessionScheduler:
         if self._scheduler is None:
@@ -155,7 +155,7 @@ class RelayHandler(SessionHandler):
         """REQUEST_ERROR; a refusal because the upstream relay is unreachable is counted
         (upstream_unreachable) and logged, so an outage is visible, not a missing Track."""
         if reason == UNREACHABLE:
-            self.relay.counters.inc("upstream_unreachable")
+            self.relay.counters.upstream_unreachable += 1
             log.warning("%s %s refused: upstream relay unreachable", req.TYPE.name,
                         format_full_track_name(*req.full_name))
         await req.reject(code, reason)
@@ -170,7 +170,7 @@ class RelayHandler(SessionHandler):
     def _allowed(self, req: IncomingRequest, role: Role, namespace: TrackNamespace) -> bool:
         ok = self.auth.allows(role, namespace, _tokens(_moqt_session(req), req.params))
         if not ok:
-            self.relay.counters.inc("auth_failures")
+            self.relay.counters.auth_failures += 1
         return ok
 
     # -- publishers -------------------------------------------------------------------------------
@@ -210,7 +210,6 @@ class RelayHandler(SessionHandler):
         relay = self.relay
         track = relay.track(req.full_name)
         sub = await req.accept()
-        relay.counters.inc("publish_accepted")
         if relay.push is not None and self.reach is Reach.ALL:
             # before the Track ingests anything: the push misses no Object
             await relay.push.start(track, tuple(sub.track_properties or ()))
@@ -230,7 +229,7 @@ class RelayHandler(SessionHandler):
         tokens = _tokens(session, req.params)
         auth = self.auth
         if not auth.allows_prefix(Role.SUBSCRIBE, req.prefix, tokens):
-            self.relay.counters.inc("auth_failures")
+            self.relay.counters.auth_failures += 1
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that prefix")
             return
         table = self.relay.namespaces
@@ -314,7 +313,6 @@ class RelayHandler(SessionHandler):
         served.on_update_failed = lambda e: fwd.end_subscription(PublishDoneCode.UPDATE_FAILED,
                                                                   e.reason)
         fwd.counters = relay.counters
-        relay.counters.inc("subscriptions")
         if fill_wanted:
             assert largest is not None
             try:
@@ -408,25 +406,21 @@ class RelayHandler(SessionHandler):
                           end: Location, order: GroupOrder, flt: ObjectFilter | None,
                           timeout: float) -> None:
         lease = track.store.pin(track.key, start.group, end.group)
-        started = asyncio.get_running_loop().time()
-        self.relay.counters.inc("fills_active")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        served = self.relay.counters.fill
         try:
-            stats = await track.serve_range(writer, start, end, order, flt, timeout,
-                                            self._fetch_upstream,
-                                            self.relay.options.in_flight_wait)
-            if not stats.reset:
-                await writer.finish()
-            self._count_tiers("fill", stats.by_tier)
-            self.relay.counters.served("fill", stats, started)
+            with served.in_flight.one():
+                stats = await track.serve_range(writer, start, end, order, flt, timeout,
+                                                self._fetch_upstream,
+                                                self.relay.options.in_flight_wait)
+                if not stats.reset:
+                    await writer.finish()
+                served.done(stats, loop.time() - started)
         except TransportError:
             pass
         finally:
-            self.relay.counters.inc("fills_active", -1)
             lease.release()
-
-    def _count_tiers(self, what: str, by_tier: dict[Tier, int]) -> None:
-        for tier, n in by_tier.items():
-            self.relay.counters.inc(f"{what}_objects_{tier.name.lower()}", n)
 
     # -- FETCH ------------------------------------------------------------------------------------
 
@@ -502,22 +496,20 @@ class RelayHandler(SessionHandler):
                                  if params.subscriber_priority is not None
                                  else DEFAULT_SUBSCRIBER_PRIORITY)
         lease = track.store.pin(track.key, rng.start.group, end.group)
-        relay.counters.inc("fetches_active")
+        served = relay.counters.fetch
         try:
-            stats = await track.serve_range(writer, rng.start, end, req.group_order,
-                                            ObjectFilter.of(params.range_filters),
-                                            max(0.0, deadline - loop.time()),
-                                            self._fetch_upstream,
-                                            relay.options.in_flight_wait)
-            if not stats.reset:
-                await writer.finish()
-            relay.counters.inc("fetches")
-            self._count_tiers("fetch", stats.by_tier)
-            relay.counters.served("fetch", stats, started)
+            with served.in_flight.one():
+                stats = await track.serve_range(writer, rng.start, end, req.group_order,
+                                                ObjectFilter.of(params.range_filters),
+                                                max(0.0, deadline - loop.time()),
+                                                self._fetch_upstream,
+                                                relay.options.in_flight_wait)
+                if not stats.reset:
+                    await writer.finish()
+                served.done(stats, loop.time() - started)
         except TransportError:
             pass
         finally:
-            relay.counters.inc("fetches_active", -1)
             lease.release()
 
     async def _group_end_location(self, track: RelayTrack, start: Location, end: Location,

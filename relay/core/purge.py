@@ -82,7 +82,7 @@ async def purge(relay: Relay, prefix: TrackNamespace) -> PurgeResult:
             relay._kept_ns.pop(ns, None)
             if relay.namespaces.remove_namespace(ns):
                 result.namespaces_done.append(ns)
-    relay.counters.inc("admin_purged_tracks", len(result.removed))
+    relay.counters.admin_purged_tracks += len(result.removed)
     return result
 
 

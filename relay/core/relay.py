@@ -51,6 +51,7 @@ from storage.tiered import TieredStore
 from .announce import UpwardAnnouncer
 from .auth import Authorizer
 from .cache import stored_object
+from .counters import Counters
 from .handler import RelayHandler
 from .namespaces import NamespaceTable, PublisherEntry, Reach
 from .push import UpstreamPush
@@ -95,33 +96,6 @@ class RelayOptions:
     # With an upstream relay: PUBLISH to it every Track our publishers PUBLISH, as it
     # arrives (relay/core/push.py); off: Tracks are pulled from here on demand.
     upstream_push: bool = False
-
-
-@dataclass
-class Counters:
-    """Plain counters; the metrics module exports them."""
-
-    values: dict[str, int] = field(default_factory=dict)
-    # Histograms the metrics module registers by name (latency samples; none: not recorded).
-    observers: dict[str, Callable[[float], None]] = field(default_factory=dict)
-
-    def inc(self, name: str, n: int = 1) -> None:
-        self.values[name] = self.values.get(name, 0) + n
-
-    def observe(self, name: str, value: float) -> None:
-        fn = self.observers.get(name)
-        if fn is not None:
-            fn(value)
-
-    def served(self, what: str, stats: Any, started: float) -> None:
-        """A fill or FETCH (``what``) ended: its bytes, cache misses and latency."""
-        self.inc(f"{what}_bytes", stats.bytes)
-        self.inc(f"{what}_upstream_lookups", stats.upstream_fetches)
-        self.inc(f"{what}_unknown_ranges", stats.markers + int(stats.reset))
-        self.observe(f"{what}_seconds", asyncio.get_running_loop().time() - started)
-
-    def get(self, name: str) -> int:
-        return self.values.get(name, 0)
 
 
 class Relay:
@@ -199,7 +173,7 @@ class Relay:
         ``max_sessions`` before SETUP, so a refused one costs next to nothing."""
         limit = self.options.max_sessions
         if limit and self._connections >= limit:
-            self.counters.inc("sessions_refused")
+            self.counters.sessions_refused += 1
             log.warning("session refused: %d sessions open (max_sessions)", self._connections)
             conn.close(SessionErrorCode.INTERNAL_ERROR, "too many sessions")
             return
@@ -221,8 +195,7 @@ class Relay:
         # in the metrics, and not sent GOAWAY (the sibling drains on its own)
         if not sibling:
             self.sessions.add(session)
-            self.counters.inc("sessions_accepted")
-            self.counters.inc(f"sessions_accepted_{conn.transport}")
+            self.counters.session_accepted(conn.transport)
         log.info("session open: %s %s%s", conn.transport, conn.remote_address,
                  " (sibling worker)" if sibling else "")
         try:
@@ -230,7 +203,7 @@ class Relay:
             # the peer chooses its close code: unknown codes share one bucket (bounded keys)
             known = code in SessionErrorCode._value2member_map_
             if not sibling:
-                self.counters.inc(f"sessions_closed_{conn.transport}_{code if known else 0x1}")
+                self.counters.session_closed(conn.transport, code if known else 0x1)
             log.info("session closed: code 0x%x %s", code, reason)
         finally:
             self.sessions.discard(session)
@@ -306,11 +279,11 @@ class Relay:
                     properties=encode_kvps(track.properties), expires_at=expires_at))
             except TrackTooLargeError as e:
                 log.warning("%r stays in memory only: %s", track, e)
-                self.counters.inc("lmdb_full")
+                self.counters.lmdb_full += 1
                 return False
             except StorageFullError as e:
                 log.warning("LMDB cannot take %r now, retrying: %s", track, e)
-                self.counters.inc("lmdb_full")
+                self.counters.lmdb_full += 1
                 return True
             except IncompleteTrackError:
                 return False
@@ -325,8 +298,8 @@ class Relay:
             elif durable.max_age is not None:
                 self._arm_expiry(self._clock() + durable.max_age)
             if n:  # 0: another worker had committed it already (docs/workers.md)
-                self.counters.inc("lmdb_committed_tracks")
-                self.counters.inc("lmdb_committed_bytes", n)
+                self.counters.lmdb_committed_tracks += 1
+                self.counters.lmdb_committed_bytes += n
             return False
 
     async def _withdraw_unheld(self) -> None:
@@ -375,7 +348,7 @@ class Relay:
             return 0
         removed = await asyncio.wrap_future(durable.submit(durable.expire))
         if removed:
-            self.counters.inc("lmdb_expired_tracks", removed)
+            self.counters.lmdb_expired_tracks += removed
             await self._withdraw_unheld()
         self._arm_expiry(await asyncio.wrap_future(durable.submit(durable.next_expiry)))
         return removed
@@ -486,7 +459,7 @@ class Relay:
                     last = self._unanswered("SUBSCRIBE", track, e)
                     continue
                 self.learned(track, None)
-                self.counters.inc("upstream_subscriptions")
+                self.counters.upstream_subscriptions += 1
                 track.attach_upstream(sub)
                 src.spawn(track.ingest(sub), "ingest")
                 return None
@@ -564,7 +537,7 @@ class Relay:
                 resp = await src.fetch(track.full_name.namespace, track.full_name.name,
                                        Params(location_filter=lf,
                                               group_order=GroupOrder.ASCENDING))
-                self.counters.inc("upstream_fetches")
+                self.counters.upstream_fetches += 1
                 self.learned(track, None)
                 if resp.end_location is not None and resp.end_location.object != OBJECT_MAX:
                     # End Location is at most the responder's Largest Object (§7.10) —
@@ -574,7 +547,7 @@ class Relay:
                 spans = MarkerSpans(start)
                 async for ev in resp:
                     if isinstance(ev, ReceivedObject):
-                        self.counters.inc("upstream_fetch_objects")
+                        self.counters.upstream_fetched_objects += 1
                         spans.object(ev.location)
                         track.append_fetched(stored_object(ev))
                     elif isinstance(ev, RangeMarker):

@@ -47,6 +47,7 @@ from storage.interface import (
 
 from . import cache
 from .cache import status_object, stored_object
+from .counters import Counters
 
 if TYPE_CHECKING:
     from storage.tiered import TieredStore
@@ -187,7 +188,7 @@ class RelayTrack:
         self.absent: list[tuple[Location, Location]] = []
         self.properties: tuple[Any, ...] = ()  # Track Properties from upstream (§12)
         self._commit_again = False
-        self.counters: Any = None  # the Relay's Counters (objects received)
+        self.counters: Counters | None = None  # the Relay's (objects received)
 
     def __repr__(self) -> str:
         return f"<RelayTrack {format_full_track_name(*self.full_name)}>"
@@ -302,8 +303,8 @@ class RelayTrack:
     def _on_object(self, ev: ReceivedObject, seen_streams: set[int]) -> None:
         obj = stored_object(ev)
         if self.counters is not None and ev.status == ObjectStatus.NORMAL:
-            self.counters.inc("objects_received")
-            self.counters.inc("bytes_received", len(ev.payload))
+            self.counters.objects_received += 1
+            self.counters.bytes_received += len(ev.payload)
         try:
             result = self.store.append(self.key, obj)
         except ConflictError as e:

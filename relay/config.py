@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relay.core.auth import read_token_file
 from relay.core.relay import RelayOptions
 from relay.service import RelayConfig
+from relay.session.tokens import read_token_file
 
 ENV_PREFIX = "KVCS_RELAY_"
 

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.admin import AdminApi
-from relay.core.auth import Authorizer, tokens_of
+from relay.core.auth import Authorizer
 from relay.core.relay import RELAY_IMPLEMENTATION, Relay, RelayOptions
 from relay.core.siblings import SiblingLinks
 from relay.core.upstream import UpstreamLink
 from relay.metrics import MetricsServer, RelayMetrics
+from relay.session.tokens import tokens_of
 from relay.transport import QuicSettings, Server, ensure_self_signed, fingerprint, serve
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore

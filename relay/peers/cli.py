@@ -16,7 +16,6 @@ from typing import Any
 
 import click
 
-from relay.core.auth import read_token_file
 from relay.kvcs.cose import KeyStore, load_private_key
 from relay.kvcs.descriptor import Descriptor
 from relay.kvcs.errors import KvcsError
@@ -25,6 +24,7 @@ from relay.kvcs.plan import SPLIT_RAW, PublicationPlan, TrackSpec
 from relay.kvcs.registry import Codec, Component
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
 from relay.session.errors import SessionFailure
+from relay.session.tokens import read_token_file
 from relay.transport import TransportError
 from relay.transport.backend import (
     BACKENDS,

@@ -24,13 +24,13 @@ from relay_helpers import (
     wait_cached,
 )
 
-from relay.core.auth import tokens_of
 from relay.core.namespaces import PublisherEntry
 from relay.core.relay import RELAY_IMPLEMENTATION, RelayOptions
 from relay.moqt.codes import RequestErrorCode
 from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
 from relay.service import RunningRelay
 from relay.session import MoqtSession, NamespaceEvent, RequestRejected, SessionConfig
+from relay.session.tokens import tokens_of
 from storage.interface import Tier
 
 

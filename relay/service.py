@@ -21,6 +21,7 @@ from pathlib import Path
 
 from relay.admin import AdminApi
 from relay.core.auth import Authorizer
+from relay.core.persistence import pending_commits
 from relay.core.relay import RELAY_IMPLEMENTATION, Relay, RelayOptions
 from relay.core.siblings import SiblingLinks
 from relay.core.upstream import UpstreamLink
@@ -181,8 +182,7 @@ class RunningRelay:
             log.warning("drain timeout: %d fills and %d fetches cut short",
                         c.fill.in_flight.count, c.fetch.in_flight.count)
             return False
-        commits = [t._commit_task for t in list(self.relay.tracks.values())
-                   if t._commit_task is not None and not t._commit_task.done()]
+        commits = pending_commits(list(self.relay.tracks.values()))
         if commits:
             _, pending = await asyncio.wait(commits, timeout=max(0.0, deadline - loop.time()))
             if pending:

@@ -18,7 +18,7 @@ from relay.moqt.codes import (
     RequestErrorCode,
     SessionErrorCode,
 )
-from relay.moqt.kvp import encode_kvps, kvps_from_bytes
+from relay.moqt.kvp import kvps_from_bytes
 from relay.moqt.location_filter import (
     LocationFilter,
 )
@@ -42,9 +42,6 @@ from relay.session.errors import SessionFailure
 from relay.transport import Connection, TransportError
 from storage.interface import (
     OBJECT_MAX,
-    IncompleteTrackError,
-    StorageFullError,
-    TrackTooLargeError,
 )
 from storage.tiered import TieredStore
 
@@ -53,14 +50,14 @@ from .auth import Authorizer
 from .cache import stored_object
 from .counters import Counters
 from .handler import RelayHandler
-from .namespaces import NamespaceTable, PublisherEntry, Reach
+from .namespaces import CACHE, NamespaceTable, PublisherEntry, Reach
+from .persistence import Persistence
 from .push import UpstreamPush
 from .track import MarkerSpans, RelayTrack
 from .upstream import UNREACHABLE, UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
 
-CACHE = "cache"  # the namespace source of Tracks the relay itself holds in LMDB
 
 
 # What a lower relay says in SETUP (MOQT_IMPLEMENTATION): the relay it announces to then asks
@@ -111,23 +108,16 @@ class Relay:
         self.sessions: set[MoqtSession] = set()
         self.counters = Counters()
         self.upstream = upstream
-        self._commit_lock = asyncio.Lock()
         self._fetches: dict[tuple[FullTrackName, Location, Location, Reach],
                             asyncio.Future[bool]] = {}
         self.siblings: set[MoqtSession] = set()  # sessions to sibling workers
         self._upstream_ns: dict[TrackNamespace, Any] = {}
-        self._cached_ns: dict[TrackNamespace, PublisherEntry] = {}
         # namespaces learned from a source that has gone, of which Objects are still held
         self._kept_ns: dict[TrackNamespace, PublisherEntry] = {}
         self._created = 0
-        self._evictions_seen = store.durable.evicted_tracks if store.durable is not None else 0
         self.sweep_every = 1024  # new Tracks between two sweeps of the registry
         self.draining = False
         self._connections = 0  # connections admitted, SETUP pending or done
-        self._clock = clock  # the stores' clock: expiry times are in its terms
-        self._expiry_at: float | None = None
-        self._expiry_timer: asyncio.TimerHandle | None = None
-        self._expiry_task: asyncio.Future[None] | None = None
         # lower relays' sessions and the prefixes followed on each (SUBSCRIBE_NAMESPACE down)
         self._children: dict[MoqtSession, dict[TrackNamespace, Any]] = {}
         # Tracks a source answered DOES_NOT_EXIST for (bounded): what the relay learned of a
@@ -142,25 +132,12 @@ class Relay:
             self.announcer = UpwardAnnouncer(self, upstream, announce_fields, upstream_token)
             if self.options.upstream_push:
                 self.push = UpstreamPush(self)
-        durable = store.durable
-        if durable is not None:
-            for ns, _ in durable.tracks():
-                self._announce_cached(tuple(ns))
-            self._arm_expiry(durable.next_expiry())
+        self.persistence = Persistence(store, self.namespaces, self.counters, clock)
 
     def _holds(self, namespace: TrackNamespace) -> bool:
         """Objects of a Track of ``namespace`` are cached here (memory or LMDB)."""
         return any(t.full_name.namespace == namespace and t.largest() is not None
                    for t in self.tracks.values())
-
-    def _announce_cached(self, namespace: TrackNamespace) -> None:
-        """The relay holds a complete Track of ``namespace`` in LMDB: it stays discoverable
-        with SUBSCRIBE_NAMESPACE after its publisher has gone (and after a restart), since
-        FETCH can serve it. Such an entry routes nothing upstream."""
-        if namespace not in self._cached_ns:
-            entry = PublisherEntry(namespace, CACHE)
-            self._cached_ns[namespace] = entry
-            self.namespaces.add_publisher(entry)
 
     @property
     def session_config(self) -> SessionConfig:
@@ -218,7 +195,7 @@ class Relay:
             self._created += 1
             if self._created % self.sweep_every == 0:
                 self.sweep()
-            t = self.tracks[name] = RelayTrack(name, self.store, self._commit)
+            t = self.tracks[name] = RelayTrack(name, self.store, self.persistence.commit)
             t.counters = self.counters
             stored = self.store.track_properties(t.key)
             if stored:  # a Track held in LMDB keeps its Track Properties across restarts
@@ -232,13 +209,17 @@ class Relay:
         dropped = 0
         for t in list(self.tracks.values()):
             if t.establishing is None and not t.upstreams and not t.forwarders and \
-                    (t._commit_task is None or t._commit_task.done()) and \
+                    t.pending_commit is None and \
                     self.store.largest_object(t.key) is None:
                 self._forget(t)
                 dropped += 1
         for ns in [ns for ns in self._kept_ns if not self._holds(ns)]:
             self.namespaces.remove_publisher(self._kept_ns.pop(ns))
         return dropped
+
+    def forget_kept_namespace(self, namespace: TrackNamespace) -> None:
+        """A purge took what was kept of a namespace whose source has gone."""
+        self._kept_ns.pop(namespace, None)
 
     def forget_if_idle(self, track: RelayTrack) -> None:
         """Drop the registry entry of a Track the relay knows nothing about (a refused
@@ -251,121 +232,12 @@ class Relay:
         del self.tracks[track.full_name]
         self.store.memory.set_cache_duration(track.key, None)
 
-    async def _commit(self, track: RelayTrack) -> bool:
-        """Persist a complete Track to LMDB, on the store's writer thread, one commit at a
-        time. Returns True when LMDB could not take it *now* (full map or disk, read
-        sessions in the way of a resize): the Track asks again later (``RelayTrack``)."""
-        durable = self.store.durable
-        if durable is None:
-            return False
-        async with self._commit_lock:
-            if track.committed:
-                return False
-            groups = self.store.memory.complete_track(track.key)
-            if groups is None:
-                return False  # a gap, aborted, or no longer whole in memory: never persisted
-            # MAX_CACHE_DURATION (§12) counts from when the Objects arrived, not from the
-            # commit: the oldest Group's time bounds the whole Track in LMDB
-            expires_at = None
-            duration = track.cache_duration
-            first = self.store.memory.first_received(track.key)
-            if duration is not None and first is not None:
-                expires_at = first + duration
-                if expires_at <= self._clock():
-                    return False  # already too old to be served: not worth a write
-            try:
-                n = await asyncio.wrap_future(durable.submit(
-                    durable.commit_track, track.key, groups,
-                    properties=encode_kvps(track.properties), expires_at=expires_at))
-            except TrackTooLargeError as e:
-                log.warning("%r stays in memory only: %s", track, e)
-                self.counters.lmdb_full += 1
-                return False
-            except StorageFullError as e:
-                log.warning("LMDB cannot take %r now, retrying: %s", track, e)
-                self.counters.lmdb_full += 1
-                return True
-            except IncompleteTrackError:
-                return False
-            track.committed = True
-            self._announce_cached(track.full_name.namespace)
-            if durable.evicted_tracks != self._evictions_seen:
-                # LMDB made room by evicting Tracks (a commit also purges expired ones)
-                self._evictions_seen = durable.evicted_tracks
-                await self._withdraw_unheld()
-            if expires_at is not None:
-                self._arm_expiry(expires_at)
-            elif durable.max_age is not None:
-                self._arm_expiry(self._clock() + durable.max_age)
-            if n:  # 0: another worker had committed it already (docs/workers.md)
-                self.counters.lmdb_committed_tracks += 1
-                self.counters.lmdb_committed_bytes += n
-            return False
-
-    async def _withdraw_unheld(self) -> None:
-        """Namespaces LMDB no longer holds any Track of are done (NAMESPACE_DONE, unless a
-        live publisher still announces them)."""
-        durable = self.store.durable
-        if durable is None:
-            return
-        # on the writer thread: after the write that evicted, and off the event loop
-        held = {tuple(ns) for ns, _ in await asyncio.wrap_future(durable.submit(durable.tracks))}
-        for ns in [ns for ns in self._cached_ns if ns not in held]:
-            self.namespaces.remove_publisher(self._cached_ns.pop(ns))
-
-    # -- expiry (lmdb_max_age, MAX_CACHE_DURATION) ------------------------------------------------
-
-    def _arm_expiry(self, at: float | None) -> None:
-        """Wake up when the next LMDB Track expires (``at``, store clock), unless already
-        due to wake up sooner."""
-        if at is None or (self._expiry_at is not None and self._expiry_at <= at):
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # built outside an event loop (a tool, not a server): no timer
-        if self._expiry_timer is not None:
-            self._expiry_timer.cancel()
-        self._expiry_at = at
-        self._expiry_timer = loop.call_later(max(0.0, at - self._clock()), self._expiry_due)
-
-    def _expiry_due(self) -> None:
-        self._expiry_task = asyncio.ensure_future(self._expire_logged())
-
-    async def _expire_logged(self) -> None:
-        try:
-            await self.expire()
-        except Exception as e:  # e.g. LMDB closed under it at shutdown; retried next time
-            log.warning("LMDB expiry failed: %s", e)
-
-    async def expire(self) -> int:
-        """Purge the LMDB Tracks whose time is up; their namespaces, if LMDB held nothing
-        else of them, are done — expiry is a withdrawal like eviction. Returns how many
-        Tracks went."""
-        durable = self.store.durable
-        self._expiry_at = self._expiry_timer = None
-        if durable is None:
-            return 0
-        removed = await asyncio.wrap_future(durable.submit(durable.expire))
-        if removed:
-            self.counters.lmdb_expired_tracks += removed
-            await self._withdraw_unheld()
-        self._arm_expiry(await asyncio.wrap_future(durable.submit(durable.next_expiry)))
-        return removed
-
     async def wait_committed(self, name: FullTrackName, timeout: float = 10.0) -> bool:
         t = self.tracks.get(name)
-        if t is None:
-            return False
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        while not t.committed and loop.time() < end:
-            task = t._commit_task
-            if task is not None:
-                await asyncio.wait_for(asyncio.shield(task), end - loop.time())
-            if not t.committed:
-                await t.wait_change(end - loop.time())
-        return t.committed
+        return t is not None and await self.persistence.wait_committed(t, timeout)
+
+    async def expire(self) -> int:
+        return await self.persistence.expire()
 
     # -- upstream ---------------------------------------------------------------------------------
 
@@ -698,20 +570,7 @@ class Relay:
                              return_exceptions=True)
 
     async def close(self) -> None:
-        if self._expiry_timer is not None:
-            self._expiry_timer.cancel()
-            self._expiry_timer = None
-        if self._expiry_task is not None and not self._expiry_task.done():
-            # let a purge in its thread finish before the store closes under it
-            await asyncio.wait({self._expiry_task}, timeout=5.0)
-        # commits still pending (waiting to retry, after the drain): a write the writer
-        # thread has begun finishes anyway before the store closes (LmdbStore.close)
-        pending = [t._commit_task for t in self.tracks.values()
-                   if t._commit_task is not None and not t._commit_task.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending, timeout=5.0)
+        await self.persistence.close(list(self.tracks.values()))
         for s in list(self.sessions):
             s.close(SessionErrorCode.NO_ERROR, "relay shutting down")
         if self.announcer is not None:

@@ -345,6 +345,16 @@ class RelayTrack:
             self.malformed = True
         self._bump()
 
+    @property
+    def pending_commit(self) -> asyncio.Future[None] | None:
+        """The LMDB commit under way (or waiting to retry), if any."""
+        task = self._commit_task
+        return task if task is not None and not task.done() else None
+
+    def stop_committing(self) -> None:
+        """Never committed again, whatever arrives (a purge took the Track)."""
+        self._on_commit = None
+
     def maybe_commit(self) -> None:
         """Once End of Track is known, try to persist after every Group-level event: the End
         of Track Object can overtake the last Groups (they travel on other streams)."""

@@ -22,7 +22,8 @@ from pathlib import Path
 from relay.admin import AdminApi
 from relay.core.auth import Authorizer
 from relay.core.persistence import pending_commits
-from relay.core.relay import RELAY_IMPLEMENTATION, Relay, RelayOptions
+from relay.core.relay import Relay, RelayOptions
+from relay.core.routing import RELAY_IMPLEMENTATION
 from relay.core.siblings import SiblingLinks
 from relay.core.upstream import UpstreamLink
 from relay.metrics import MetricsServer, RelayMetrics

@@ -136,7 +136,7 @@ class RelayHandler(SessionHandler):
 
     def _fetch_upstream(self, track: RelayTrack, start: Location, end: Location
                         ) -> Awaitable[bool]:
-        return self.relay.fetch_upstream(track, start, end, reach=self.reach)
+        return self.relay.routing.fetch_upstream(track, start, end, reach=self.reach)
 
     def attach(self, session: MoqtSession) -> None:
         self.session = session
@@ -194,7 +194,7 @@ class RelayHandler(SessionHandler):
         await req.accept()
         self.relay.namespaces.add_publisher(entry)
         # a lower relay announcing: learn the namespaces it holds under the prefix
-        stop = self.relay.follow_child(session, req.namespace)
+        stop = self.relay.routing.follow_child(session, req.namespace)
         try:
             await req.withdrawn.wait()
         finally:
@@ -241,7 +241,7 @@ class RelayHandler(SessionHandler):
         # a sibling worker hears of what this worker has but from siblings, the upstream
         # relay of what this relay has as its own, a client of everything but its own
         # announcements (a lower relay is not told back what it announced)
-        shows = {Reach.NO_SIBLINGS: relay.not_sibling, Reach.OWN: own_source}.get(
+        shows = {Reach.NO_SIBLINGS: relay.routing.not_sibling, Reach.OWN: own_source}.get(
             self.reach, not_from(session))
         text_only = _text_only(session)
         listener = NamespaceListener(
@@ -252,7 +252,7 @@ class RelayHandler(SessionHandler):
         for ns in table.add_listener(listener):
             queue.put_nowait((ns, True))
         if self.reach is Reach.ALL:
-            await relay.subscribe_namespace_upstream(req.prefix)
+            await relay.routing.subscribe_namespace_upstream(req.prefix)
         try:
             while not req.cancelled.is_set():
                 get = asyncio.ensure_future(queue.get())
@@ -282,10 +282,10 @@ class RelayHandler(SessionHandler):
             await req.reject(RequestErrorCode.DOES_NOT_EXIST, "reserved namespace")
             return
         track = relay.track(req.full_name)
-        err = await relay.ensure_upstream(track, reach=self.reach)
+        err = await relay.routing.ensure_upstream(track, reach=self.reach)
         ended = err is not None and track.store.known_final(track.key) is not None
         if err is not None and not ended:
-            err = relay.in_outage(track, err)
+            err = relay.routing.in_outage(track, err)
             relay.forget_if_idle(track)
             await self._refuse(req, err.code, err.reason)
             return
@@ -462,16 +462,16 @@ class RelayHandler(SessionHandler):
             largest = end
         if largest is None:
             relay.forget_if_idle(track)
-            err = relay.unreachable_error() if self.reach is not Reach.OWN else None
+            err = relay.routing.unreachable_error() if self.reach is not Reach.OWN else None
             if unanswered or err is not None:
-                err = relay.in_outage(track, RequestRejected(RequestErrorCode.TIMEOUT,
+                err = relay.routing.in_outage(track, RequestRejected(RequestErrorCode.TIMEOUT,
                                                              UNREACHABLE))
                 await self._refuse(req, err.code, err.reason)
                 return
             refusal = RequestRejected(RequestErrorCode.DOES_NOT_EXIST
-                                      if not relay._sources(req.namespace, self.reach) else
+                                      if not relay.routing.sources(req.namespace, self.reach) else
                                       RequestErrorCode.INVALID_RANGE, "nothing published")
-            relay.learned(track, refusal)  # asked and answered: absent, as far as we know
+            relay.routing.learned(track, refusal)  # asked and answered: absent, as far as we know
             await req.reject(refusal.code, refusal.reason)
             return
         rng = resolve_fetch_range(lf, largest)
@@ -560,12 +560,12 @@ class RelayHandler(SessionHandler):
         track = relay.track(req.full_name)
         err = None
         if track.largest() is None:
-            err = await relay.track_status_upstream(track, reach=self.reach)
+            err = await relay.routing.track_status_upstream(track, reach=self.reach)
         largest = track.largest()
         if largest is None:
             relay.forget_if_idle(track)
             if err is not None:
-                err = relay.in_outage(track, err)
+                err = relay.routing.in_outage(track, err)
                 await self._refuse(req, err.code, err.reason)
                 return
             await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no such track")

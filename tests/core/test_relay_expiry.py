@@ -20,7 +20,8 @@ from relay_helpers import (
     wait_cached,
 )
 
-from relay.core.relay import CACHE, RelayOptions
+from relay.core.namespaces import CACHE
+from relay.core.relay import RelayOptions
 from relay.moqt.codes import EndOfRangeType, PropertyType
 from relay.moqt.kvp import KeyValuePair
 from relay.moqt.location_filter import LocationFilter

@@ -25,7 +25,8 @@ from relay_helpers import (
 )
 
 from relay.core.namespaces import PublisherEntry
-from relay.core.relay import RELAY_IMPLEMENTATION, RelayOptions
+from relay.core.relay import RelayOptions
+from relay.core.routing import RELAY_IMPLEMENTATION
 from relay.moqt.codes import RequestErrorCode
 from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
 from relay.service import RunningRelay

@@ -26,7 +26,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.packet_builder import QuicPacketBuilder
-from aioquic.quic.stream import QuicStream
+from aioquic.quic.stream import QuicStream, QuicStreamSender
 
 from .backend import UnreadBytes, aioquic_shaped
 from .config import QuicSettings
@@ -40,7 +40,8 @@ PRIVATE_MEMBERS = {
                      "_local_max_data", "_local_max_streams_bidi", "_local_max_streams_uni",
                      "_remote_max_streams_bidi", "_remote_max_streams_uni",
                      "_remote_max_data_used", "_remote_max_datagram_frame_size",
-                     "_close_event", "_loss"),
+                     "_close_event", "_loss", "_on_max_stream_data_delivery"),
+    QuicStreamSender: ("_buffer_stop", "_reset_error_code"),
     H3Connection: ("_stream",),
     QuicServer: ("_protocols",),
 }

@@ -77,6 +77,10 @@ def test_aioquic_private_members_still_exist() -> None:
     from aioquic.asyncio.server import QuicServer
     for name in _aioquic.PRIVATE_MEMBERS[QuicServer]:
         assert _h3_uses(QuicServer, name), f"aioquic QuicServer.{name}"
+    from aioquic.quic.stream import QuicStreamSender
+    sender = QuicStreamSender(stream_id=0, writable=True)
+    for name in _aioquic.PRIVATE_MEMBERS[QuicStreamSender]:
+        assert hasattr(sender, name), f"aioquic QuicStreamSender.{name}"
 
 
 def test_qh3_private_members_still_exist() -> None:
@@ -132,3 +136,44 @@ def test_the_moqt_codes_the_transport_spells_are_the_codecs() -> None:
 
     assert RECEIVE_OVERFLOW_CODE == StreamResetCode.EXCESSIVE_LOAD
     assert VERSION_NEGOTIATION_FAILED_CODE == SessionErrorCode.VERSION_NEGOTIATION_FAILED
+
+
+def _library_privates(path: Path) -> set[str]:
+    """Private names a backend module uses of its QUIC library: every ``x._name`` read or
+    written whose name the module does not give itself (``self._name = ...``, a ``def`` or
+    a slot), and every method a subclass of a library class overrides with a private name."""
+    tree = ast.parse(path.read_text())
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and \
+                        t.value.id == "self":
+                    own.add(t.attr)
+                if isinstance(t, ast.Name) and t.id == "__slots__" and \
+                        isinstance(node.value, ast.Tuple):
+                    own.update(e.value for e in node.value.elts
+                               if isinstance(e, ast.Constant) and isinstance(e.value, str))
+    overrides: set[str] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        defs = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+        own |= {d for d in defs if d.startswith("_")}
+        if cls.bases:  # subclassing a library class: its private defs override the library's
+            overrides |= {d for d in defs if d.startswith("_") and not d.startswith("__")}
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and n.attr.startswith("_") and not n.attr.startswith("__")}
+    return (used - own) | overrides
+
+
+def test_every_private_member_a_backend_uses_is_listed_and_checked() -> None:
+    """docs/transport.md: every private member of a QUIC library the transport touches is
+    listed (PRIVATE_MEMBERS*) and checked to exist by the two tests above."""
+    from relay.transport import _aioquic, _qh3
+
+    folder = ROOT / "relay" / "transport"
+    listed_aioquic = {n for names in _aioquic.PRIVATE_MEMBERS.values() for n in names}
+    assert _library_privates(folder / "_aioquic.py") <= listed_aioquic
+    listed_qh3 = {*_qh3.PRIVATE_MEMBERS_INSTANCE, *_qh3.PRIVATE_MEMBERS_H3,
+                  *_qh3.PRIVATE_MEMBERS_SERVER}
+    assert _library_privates(folder / "_qh3.py") <= listed_qh3

@@ -103,11 +103,11 @@ def _client(url: str, fingerprints: list[str], role: str) -> Any:
 # -- children --------------------------------------------------------------------------------
 
 
-async def _serve() -> None:
-    """Child: run moq-rs's server on 127.0.0.1 until stdin closes."""
+async def _serve(host: str = "127.0.0.1") -> None:
+    """Child: run moq-rs's server on ``host`` (any free port) until stdin closes."""
     import moq
 
-    async with moq.Server("127.0.0.1:0", tls_generate=["localhost"]) as server:
+    async with moq.Server(f"{host}:0", tls_generate=["localhost"]) as server:
         print(json.dumps({"addr": server.local_addr,
                           "fingerprints": server.cert_fingerprints()}), flush=True)
         sessions: set[asyncio.Task[None]] = set()
@@ -301,7 +301,7 @@ async def _main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
-        asyncio.run(_serve())
+        asyncio.run(_serve(*sys.argv[2:3]))
     elif sys.argv[1:2] == ["sub"]:
         url, fp, groups, frames, size = sys.argv[2:7]
         result = asyncio.run(_subscribe(url, fp, int(groups), int(frames), int(size)))

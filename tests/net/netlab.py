@@ -273,6 +273,20 @@ class Lab:
         listen = json.loads(line)["ready"]
         return f"moqt://{listen}/" if url else listen
 
+    async def forwarder_stats(self) -> list[dict[str, Any]]:
+        """Stop every running forwarder of the lab; the counters each printed on its way
+        out (per direction: in, sent, lost, reordered, duplicated, overflow)."""
+        stats = []
+        for p in self.procs:
+            if p.what.startswith("forwarder") and p.proc.returncode is None:
+                assert p.proc.stdout is not None and p.proc.stdin is not None
+                p.proc.stdin.close()
+                async with asyncio.timeout(10):
+                    line = await p.proc.stdout.readline()
+                stats.append(json.loads(line)["stats"])
+                await self.stop(p)
+        return stats
+
     async def run(self, where: Host, *argv: str, timeout: float,
                   env: dict[str, str] | None = None) -> tuple[int, str, str]:
         """(exit code, stdout, stderr) of ``argv`` in ``where``; killed past ``timeout``

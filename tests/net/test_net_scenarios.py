@@ -62,19 +62,6 @@ def assert_complete(lab: Lab, name: str, code: int, err: str, what: str) -> None
                       lab.workdir / f"{name}.safetensors"), what
 
 
-async def forwarder_stats(lab: Lab) -> list[dict[str, Any]]:
-    """Stop every forwarder of the lab; the counters each printed on its way out."""
-    stats = []
-    for p in lab.procs:
-        if p.what.startswith("forwarder") and p.proc.returncode is None:
-            assert p.proc.stdout is not None and p.proc.stdin is not None
-            p.proc.stdin.close()
-            async with asyncio.timeout(10):
-                line = await p.proc.stdout.readline()
-            stats.append(json.loads(line)["stats"])
-    return stats
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_a_tree_across_hosts_publisher_and_consumer_at_lower_relays(
         lab: Lab, backend: str) -> None:
@@ -120,7 +107,7 @@ async def test_fetch_over_a_distant_lossy_reordering_duplicating_path(
                                         deadline_ms=40000, timeout=60)
         took = asyncio.get_running_loop().time() - start
         assert_complete(lab, f"f{n}", code, err, f"{what} ({imp.describe()})")
-        (stats,) = await forwarder_stats(lab)
+        (stats,) = await lab.forwarder_stats()
         assert stats["down"]["sent"] > (2 << 20) // 1500, (what, stats)  # the cache came this way
         if what in _COUNTER:
             key = _COUNTER[what]

@@ -17,9 +17,11 @@ way delay = RTT / 2 and random loss, both directions):
 
 The forwarder's settings and counters are written with each row. Options (after ``net``):
 ``--size-mib 64 --rtt-ms 0,20,40,80 --loss-pct 0,0.1,1 --deadline-s 90 --stacks
-qh3,aioquic,moq-rs --seed 1``; ``--relay-arg=--flag`` / ``--peer-arg=--flag`` (repeatable) pass
-flags to our relay / to `kvcs fetch`, and ``--label`` names such a row (e.g. a congestion
-controller option), so a variant can be measured next to the defaults in the same run.
+qh3,aioquic,moq-rs,raw-qh3,raw-aioquic --seed 1`` (``raw-*``: QUIC alone, the same bytes
+on one stream through ``relay.transport``, benchmarks/_raw_net.py); ``--relay-arg=--flag`` /
+``--peer-arg=--flag`` (repeatable) pass flags to our relay / to `kvcs fetch`, and ``--label``
+names such a row (e.g. a congestion controller option), so a variant can be measured next to
+the defaults in the same run.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._moqrs_net import moqrs_in_lab
+from benchmarks._raw_net import raw_in_lab
 from benchmarks._report import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "net"))
 from impair import Impairment
-from netlab import Lab, unavailable
+from netlab import Lab, sweep_stale, unavailable
 from test_net_scenarios import publish, same_cache
 
 LAYERS = 8
@@ -50,7 +53,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rtt-ms", default="0,20,40,80")
     p.add_argument("--loss-pct", default="0,0.1,1")
     p.add_argument("--deadline-s", type=float, default=90.0)
-    p.add_argument("--stacks", default="qh3,aioquic,moq-rs")
+    p.add_argument("--stacks", default="qh3,aioquic,moq-rs,raw-qh3,raw-aioquic")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--relay-arg", action="append", default=[])
     p.add_argument("--peer-arg", action="append", default=[])
@@ -97,7 +100,9 @@ def _cell(r: dict[str, Any] | None, deadline: float) -> str:
         return f"{r['seconds']:.2f} s" if r["seconds"] < 10 else f"{r['seconds']:.1f} s"
     if "failed" in r:
         return "failed"
-    return f"> {deadline:g} s ({r.get('usable_layers', 0)}/{LAYERS})"
+    if "usable_layers" in r:
+        return f"> {deadline:g} s ({r['usable_layers']}/{LAYERS} layers)"
+    return f"> {deadline:g} s ({r.get('bytes', 0) / 2**20:.0f} MiB)"
 
 
 async def _run(opts: argparse.Namespace) -> None:
@@ -112,16 +117,19 @@ async def _run(opts: argparse.Namespace) -> None:
             relay_host, consumer = lab.add_host("relay"), lab.add_host("consumer")
             for n, stack in enumerate(stacks):
                 urls: str | None = None
-                if stack != "moq-rs":
+                if stack in ("qh3", "aioquic"):
                     urls = await lab.relay(relay_host, *opts.relay_arg, backend=stack,
                                            port=4433 + n)
                     await publish(lab, relay_host, urls, stack, _synthetic(opts.size_mib))
                 for i, (rtt, loss) in enumerate(scenarios):
                     imp = Impairment(delay_ms=rtt / 2, loss=loss / 100, seed=opts.seed + i)
                     try:
-                        if urls is None:
+                        if stack == "moq-rs":
                             r = await moqrs_in_lab(lab, relay_host, consumer, imp, nbytes,
                                                    LAYERS)
+                        elif urls is None:  # raw-qh3, raw-aioquic: QUIC alone
+                            r = await raw_in_lab(lab, relay_host, consumer, imp, nbytes,
+                                                 stack.removeprefix("raw-"), opts.deadline_s)
                         else:
                             r = await _ours(lab, relay_host, consumer, urls, imp, stack,
                                             opts, n * 100 + i)
@@ -130,21 +138,22 @@ async def _run(opts: argparse.Namespace) -> None:
                         r = {"failed": f"{type(e).__name__}: {e}"[:300]}
                     r["settings"] = imp.describe()
                     results[(rtt, loss)][stack] = r
-                    print(f"  {stack:8} {imp.describe():28} {_cell(r, opts.deadline_s)}",
+                    print(f"  {stack:11} {imp.describe():22} {_cell(r, opts.deadline_s)}",
                           flush=True)
         finally:
             await lab.close()
     label = f" {opts.label}" if opts.label else ""
-    columns = ["RTT ms", "loss %", *(s + label if s != "moq-rs" else s for s in stacks)]
+    ours = [s for s in stacks if s in ("qh3", "aioquic")]
+    columns = ["RTT ms", "loss %", *(s + label if s in ours else s for s in stacks)]
     if "moq-rs" in stacks:
-        columns += [f"{s}/moq-rs" for s in stacks if s != "moq-rs"]
+        columns += [f"{s}/moq-rs" for s in ours]
     rows = []
     for (rtt, loss), by in results.items():
         row: list[Any] = [f"{rtt:g}", f"{loss:g}",
                           *(_cell(by.get(s), opts.deadline_s) for s in stacks)]
         ref = by.get("moq-rs", {}).get("seconds")
-        for s in stacks:
-            if s != "moq-rs" and "moq-rs" in stacks:
+        for s in ours:
+            if "moq-rs" in stacks:
                 mine = by.get(s, {}).get("seconds")
                 row.append(f"{mine / ref:.1f}x" if mine and ref else "-")
         rows.append(row)
@@ -159,6 +168,7 @@ def main() -> None:
     if why is not None:
         print(f"net: skipped: {why}")
         return
+    sweep_stale()  # a run stopped by a signal leaves its lab behind: gone before this one
     asyncio.run(_run(_options(sys.argv[1:])))
 
 

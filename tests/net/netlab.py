@@ -195,10 +195,17 @@ class Lab:
     def restore(self, host: Host) -> None:
         _ip("-n", self.hub, "link", "set", host.hub_if, "up")
 
+    def _hub_counter(self, host: Host, direction: str) -> int:
+        out = _ip("-n", self.hub, "-s", "-j", "link", "show", host.hub_if).stdout
+        return int(json.loads(out)[0]["stats64"][direction]["bytes"])
+
     def sent_to_hub(self, host: Host) -> int:
         """Bytes ``host`` has sent over its link (the hub end's receive counter)."""
-        out = _ip("-n", self.hub, "-s", "-j", "link", "show", host.hub_if).stdout
-        return int(json.loads(out)[0]["stats64"]["rx"]["bytes"])
+        return self._hub_counter(host, "rx")
+
+    def received_from_hub(self, host: Host) -> int:
+        """Bytes sent to ``host`` over its link (the hub end's transmit counter)."""
+        return self._hub_counter(host, "tx")
 
     # -- processes -----------------------------------------------------------------------
 

@@ -85,10 +85,15 @@ async def test_a_tree_across_hosts_publisher_and_consumer_at_lower_relays(
 IMPAIRMENTS = {
     "RTT 20 ms": Impairment(delay_ms=10.0, seed=1),
     "loss 1 %": Impairment(delay_ms=1.0, loss=0.01, seed=2),
-    "reorder 1 %": Impairment(delay_ms=1.0, reorder=0.01, reorder_ms=5.0, seed=3),
-    "duplicate 1 %": Impairment(delay_ms=1.0, duplicate=0.01, seed=4),
+    # one fetch for both (each costs a process start, a handshake and discovery)
+    "reorder 1 % and duplicate 1 %": Impairment(delay_ms=1.0, reorder=0.01, reorder_ms=5.0,
+                                                duplicate=0.01, seed=3),
+    "RTT 80 ms, loss 0.1 %": Impairment(delay_ms=40.0, loss=0.001, seed=5),
 }
-_COUNTER = {"loss 1 %": "lost", "reorder 1 %": "reordered", "duplicate 1 %": "duplicated"}
+# 4-6 s of slow start at 80 ms per fetch: on qh3 alone (the Docker image's and the Helm
+# chart's backend), to keep this folder near a minute; bench_net measures both.
+_QH3_ONLY = {"RTT 80 ms, loss 0.1 %"}
+_COUNTERS = {"loss 1 %": ["lost"], "reorder 1 % and duplicate 1 %": ["reordered", "duplicated"]}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -101,6 +106,8 @@ async def test_fetch_over_a_distant_lossy_reordering_duplicating_path(
     url = await lab.relay(relay_host, backend=backend)
     await publish(lab, relay_host, url, backend)
     for n, (what, imp) in enumerate(IMPAIRMENTS.items()):
+        if backend == "aioquic" and what in _QH3_ONLY:
+            continue
         via = await lab.forwarder(url, imp)
         start = asyncio.get_running_loop().time()
         code, err, _report = await fetch(lab, consumer, via, f"f{n}", backend,
@@ -109,26 +116,28 @@ async def test_fetch_over_a_distant_lossy_reordering_duplicating_path(
         assert_complete(lab, f"f{n}", code, err, f"{what} ({imp.describe()})")
         (stats,) = await lab.forwarder_stats()
         assert stats["down"]["sent"] > (2 << 20) // 1500, (what, stats)  # the cache came this way
-        if what in _COUNTER:
-            key = _COUNTER[what]
-            assert stats["down"][key] + stats["up"][key] > 0, (what, stats)
+        if what in _COUNTERS:
+            for key in _COUNTERS[what]:
+                assert stats["down"][key] + stats["up"][key] > 0, (what, key, stats)
         else:  # 20 ms of round trip on a handshake and requests: at least a few of them
             assert took > 0.1, (what, took)
         print(f"{backend} {imp.describe()}: {took:.2f} s, forwarder {stats}")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-async def test_a_5s_cut_of_the_edges_upstream_link_mid_fetch(lab: Lab, backend: str) -> None:
+async def test_a_5s_cut_of_the_edges_upstream_link_mid_fetch(lab: Lab) -> None:
     """Origin O, edge E (upstream O), consumer C dialling E. The origin's link (8 Mbit/s, so
     the fetch lasts a few seconds) goes down for 5 s once part of the cache crossed it: longer
     than E's upstream idle timeout (3 s), so E loses its upstream session. The fetch ends within
     its deadline, complete (exit 0, bit for bit) or partial with the documented exit code 4 and
     the layers to recompute listed, never a hang; then E's upstream comes back on its own and
-    the same fetch at E completes bit for bit."""
+    the same fetch at E completes bit for bit. One run, both backends on each link (O qh3,
+    E's upstream link and its listener aioquic, C qh3): a cut lasts 5 s whatever the
+    backend, too long to pay twice in this folder's budget."""
     origin = lab.add_host("origin", rate_mbit=8)
     edge, consumer = lab.add_host("edge"), lab.add_host("consumer")
-    o_url = await lab.relay(origin, backend=backend)
-    e_url = await lab.relay(edge, upstream=o_url, backend=backend)
+    backend = "qh3"  # the publisher's and the consumer's
+    o_url = await lab.relay(origin, backend="qh3")
+    e_url = await lab.relay(edge, upstream=o_url, backend="aioquic")
     await publish(lab, origin, o_url, backend)
     loop = asyncio.get_running_loop()
     base = lab.sent_to_hub(origin)
@@ -148,7 +157,7 @@ async def test_a_5s_cut_of_the_edges_upstream_link_mid_fetch(lab: Lab, backend: 
     finally:
         fetching.cancel()
     ended = loop.time()
-    print(f"{backend} cut: exit {code} after {ended - started:.1f} s, "
+    print(f"cut: exit {code} after {ended - started:.1f} s, "
           f"recompute {report.get('recompute_layers')}")
     assert ended - started < deadline_ms / 1e3 + 5, "the fetch outlived its deadline"
     assert err.strip().count("\n") <= 1, err  # one line at most, no traceback
@@ -164,3 +173,37 @@ async def test_a_5s_cut_of_the_edges_upstream_link_mid_fetch(lab: Lab, backend: 
     assert_complete(lab, "after", code, err, "after the cut")
     edge_log = next(p for p in lab.procs if p.what == "relay on edge").text()
     assert edge_log.count("connected to upstream relay") >= 2, edge_log
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_eight_consumers_behind_a_100mbit_bottleneck(lab: Lab) -> None:
+    """Eight `kvcs fetch` at once of one 2 MiB cache through the relay host's 100 Mbit/s link
+    (tbf): each gets the whole cache bit for bit (nothing lost to the queue's drops), each got
+    its own copy over the link, nobody waited for the others to finish first (the slowest
+    is within a few times the bottleneck's time for all eight), and the relay's memory
+    stays bounded (it serves from its cache; no per-consumer copy of the Track)."""
+    relay_host = lab.add_host("relay", rate_mbit=100)
+    consumers = lab.add_host("consumers")
+    url = await lab.relay(relay_host, backend="qh3")
+    await publish(lab, relay_host, url, "qh3")
+    relay_pid = next(p for p in lab.procs if p.what == "relay on relay").proc.pid
+    results = await asyncio.gather(*(fetch(lab, consumers, url, f"c{i}", "qh3",
+                                           deadline_ms=60000, timeout=90) for i in range(8)))
+    times = []
+    for i, (code, err, report) in enumerate(results):
+        assert_complete(lab, f"c{i}", code, err, f"consumer {i}")
+        assert report["objects_discarded"] == 0
+        times.append(report["all_layers_ms"] / 1e3)
+    assert lab.received_from_hub(consumers) > 8 * (2 << 20)  # eight copies crossed
+    alone = 8 * (2 << 20) * 8 / 100e6  # the bottleneck's time for all eight copies
+    assert max(times) < 4 * alone + 5, times
+    peak = peak_rss_mib(relay_pid)
+    print(f"8 consumers: {sorted(round(t, 2) for t in times)} s (all eight need {alone:.2f} s "
+          f"at 100 Mbit/s), relay peak RSS {peak:.0f} MiB")
+    assert peak < 400, peak

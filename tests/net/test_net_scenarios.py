@@ -185,9 +185,11 @@ def peak_rss_mib(pid: int) -> float:
 async def test_eight_consumers_behind_a_100mbit_bottleneck(lab: Lab) -> None:
     """Eight `kvcs fetch` at once of one 2 MiB cache through the relay host's 100 Mbit/s link
     (tbf): each gets the whole cache bit for bit (nothing lost to the queue's drops), each got
-    its own copy over the link, nobody waited for the others to finish first (the slowest
-    is within a few times the bottleneck's time for all eight), and the relay's memory
-    stays bounded (it serves from its cache; no per-consumer copy of the Track)."""
+    its own copy over the link, the slowest is done within a few times the bottleneck's time
+    for all eight, and the relay's memory stays bounded (it serves every one from one cached
+    copy). Fair shares are printed, not asserted: the eight processes' start-up on two cores
+    is spread over about as long as the transfer itself, so the spread of their times says
+    little (measured: 0.83-1.15 s each, 1.34 s for all eight at the link's rate)."""
     relay_host = lab.add_host("relay", rate_mbit=100)
     consumers = lab.add_host("consumers")
     url = await lab.relay(relay_host, backend="qh3")

@@ -4,13 +4,16 @@ every datagram, in order, byte for byte."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import Harness, w
 
+from relay.transport import CertificatePaths, burst, serve
 from relay.transport.burst import UDP_BUFFER_BYTES, install, make_socket
 from relay.transport.gso import DatagramSender, gso_supported
 
@@ -82,3 +85,26 @@ async def test_quic_sockets_have_large_buffers_both_sides(harness: Harness) -> N
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= snd
     finally:
         await w(client.aclose())
+
+
+async def test_a_relay_that_gets_small_buffers_says_so(
+        certs: CertificatePaths, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Unprivileged under a low net.core.rmem_max the buffers stay small; the operator is
+    told at start-up, with the setting to change, instead of finding slow long round trips."""
+    monkeypatch.setattr(burst, "size_buffers", lambda sock, nbytes=0: None)  # the kernel default
+    with caplog.at_level(logging.WARNING, logger="relay.transport.server"):
+        server = await serve("127.0.0.1", 0, certs.certfile, certs.keyfile, _refuse)
+        await w(server.close(grace=0.1))
+    assert any("net.core.rmem_max" in r.getMessage() for r in caplog.records), caplog.text
+    caplog.clear()
+    monkeypatch.undo()
+    with caplog.at_level(logging.WARNING, logger="relay.transport.server"):
+        server = await serve("127.0.0.1", 0, certs.certfile, certs.keyfile, _refuse)
+        await w(server.close(grace=0.1))
+    if os.geteuid() == 0:  # forced: granted in full, nothing to say
+        assert not any("rmem_max" in r.getMessage() for r in caplog.records), caplog.text
+
+
+async def _refuse(conn: Any) -> None:
+    await conn.aclose()

@@ -75,7 +75,10 @@ def _addr(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def serve(listen: tuple[str, int], target: tuple[str, int], imp: Impairment) -> dict[str, Any]:
+def serve(listen: tuple[str, int], target: tuple[str, int], imp: Impairment
+          ) -> dict[str, Any]:
+    """Forward until stopped; returns the counters per direction and the number of client
+    addresses (each QUIC connection dials from its own socket)."""
     rnd = random.Random(imp.seed)
     front = _socket(listen)
     sel = selectors.DefaultSelector()
@@ -147,7 +150,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], imp: Impairment) -> 
                 st["overflow"] += 1
     for s in (front, *back.values()):
         s.close()
-    return stats
+    return {**stats, "clients": len(back)}
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ async def publish(lab: Lab, host: Host, url: str, backend: str,
     assert code == 0, err
 
 
-async def fetch(lab: Lab, host: Host, url: str, name: str, backend: str, *,
+async def fetch(lab: Lab, host: Host, url: str, name: str, backend: str, *extra: str,
                 deadline_ms: int, timeout: float) -> tuple[int, str, dict[str, Any]]:
     """`kvcs fetch` on ``host`` from ``url``: (exit code, stderr, report)."""
     tmp = lab.workdir
@@ -49,7 +49,7 @@ async def fetch(lab: Lab, host: Host, url: str, name: str, backend: str, *,
         host, "fetch", "--relay", url, "--ca", str(lab.certs()[0]), "--descriptor",
         str(published), "--tokens", str(published), "--scope-key", str(tmp / "scope.key"),
         "--out", str(out), "--report", str(out.with_suffix(".json")),
-        "--deadline-ms", str(deadline_ms), timeout=timeout, backend=backend)
+        "--deadline-ms", str(deadline_ms), *extra, timeout=timeout, backend=backend)
     assert "Traceback" not in err, err
     report_file = out.with_suffix(".json")
     report = json.loads(report_file.read_text()) if report_file.exists() else {}
@@ -84,7 +84,7 @@ async def test_a_tree_across_hosts_publisher_and_consumer_at_lower_relays(
 
 IMPAIRMENTS = {
     "RTT 20 ms": Impairment(delay_ms=10.0, seed=1),
-    "loss 1 %": Impairment(delay_ms=1.0, loss=0.01, seed=2),
+    "loss 1 %, 2 connections": Impairment(delay_ms=1.0, loss=0.01, seed=2),
     # one fetch for both (each costs a process start, a handshake and discovery)
     "reorder 1 % and duplicate 1 %": Impairment(delay_ms=1.0, reorder=0.01, reorder_ms=5.0,
                                                 duplicate=0.01, seed=3),
@@ -93,7 +93,8 @@ IMPAIRMENTS = {
 # 4-6 s of slow start at 80 ms per fetch: on qh3 alone (the Docker image's and the Helm
 # chart's backend), to keep this folder near a minute; bench_net measures both.
 _QH3_ONLY = {"RTT 80 ms, loss 0.1 %"}
-_COUNTERS = {"loss 1 %": ["lost"], "reorder 1 % and duplicate 1 %": ["reordered", "duplicated"]}
+_COUNTERS = {"loss 1 %, 2 connections": ["lost"],
+             "reorder 1 % and duplicate 1 %": ["reordered", "duplicated"]}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -101,7 +102,9 @@ async def test_fetch_over_a_distant_lossy_reordering_duplicating_path(
         lab: Lab, backend: str) -> None:
     """One relay, the publisher beside it; the consumer on another host fetches through an
     impairment forwarder on the hub, once per impairment (both directions impaired): every
-    fetch completes bit for bit, and each impairment did happen."""
+    fetch completes bit for bit, and each impairment did happen. The lossy one FETCHes its
+    layers over two QUIC connections (`--connections 2`), seen as two client addresses at
+    the forwarder."""
     relay_host, consumer = lab.add_host("relay"), lab.add_host("consumer")
     url = await lab.relay(relay_host, backend=backend)
     await publish(lab, relay_host, url, backend)
@@ -110,12 +113,15 @@ async def test_fetch_over_a_distant_lossy_reordering_duplicating_path(
             continue
         via = await lab.forwarder(url, imp)
         start = asyncio.get_running_loop().time()
+        connections = 2 if "2 connections" in what else 1  # kvcs fetch --connections
         code, err, _report = await fetch(lab, consumer, via, f"f{n}", backend,
-                                        deadline_ms=40000, timeout=60)
+                                         "--connections", str(connections),
+                                         deadline_ms=40000, timeout=60)
         took = asyncio.get_running_loop().time() - start
         assert_complete(lab, f"f{n}", code, err, f"{what} ({imp.describe()})")
         (stats,) = await lab.forwarder_stats()
         assert stats["down"]["sent"] > (2 << 20) // 1500, (what, stats)  # the cache came this way
+        assert stats["clients"] == connections, (what, stats)  # one address per connection
         if what in _COUNTERS:
             for key in _COUNTERS[what]:
                 assert stats["down"][key] + stats["up"][key] > 0, (what, key, stats)

@@ -45,6 +45,7 @@ from test_net_scenarios import publish, same_cache
 
 LAYERS = 8
 HEADS, DIM = 8, 128
+ONLY_BY_NAME = True  # needs root and takes about half an hour: not part of `make bench`
 
 
 def _options(argv: list[str]) -> argparse.Namespace:

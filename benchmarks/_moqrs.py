@@ -207,6 +207,20 @@ async def _subscribe(url: str, fingerprint: str, groups: int, frames: int,
 # -- parent ----------------------------------------------------------------------------------
 
 
+async def write_track(track: Any, layers: int, frames: int, filler: bytes) -> float:
+    """Write ``layers`` groups of ``frames`` stamped frames; the first frame's stamp."""
+    t0 = 0.0
+    for g in range(layers):
+        group = track.append_group()
+        for i in range(frames):
+            stamp = time.perf_counter()
+            t0 = t0 or stamp  # the first frame written
+            group.write_frame(_HEADER.pack(stamp, g, i) + filler)
+            await asyncio.sleep(0)
+        group.finish()
+    return t0
+
+
 async def _spawn(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, _SELF, *args, stdin=asyncio.subprocess.PIPE,
@@ -264,15 +278,7 @@ async def moqrs_fanout(nbytes_per_track: int, object_bytes: int, subscribers: in
                     raise RuntimeError("moq-rs subscriber not ready")
             await asyncio.wait_for(track.used(), TIMEOUT)
 
-            t0 = 0.0
-            for g in range(layers):
-                group = track.append_group()
-                for i in range(frames):
-                    stamp = time.perf_counter()
-                    t0 = t0 or stamp  # the first frame written
-                    group.write_frame(_HEADER.pack(stamp, g, i) + filler)
-                    await asyncio.sleep(0)
-                group.finish()
+            t0 = await write_track(track, layers, frames, filler)
             results = [await _line(p, "subscriber") for p in subs]
             track.finish()  # only now: finishing earlier drops in-flight groups (docstring)
         for n, r in enumerate(results):

@@ -16,18 +16,17 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks._moqrs import (
-    _HEADER,
     BROADCAST,
     TIMEOUT,
     TRACK,
     _check_clock,
     _client,
     _filler,
+    write_track,
 )
 
 _MOQRS = str(Path(__file__).resolve().parent / "_moqrs.py")
@@ -46,15 +45,7 @@ async def _publish(url: str, fingerprint: str, layers: int, frames: int,
         broadcast.announce()
         print(json.dumps({"ready": True}), flush=True)
         await asyncio.wait_for(track.used(), TIMEOUT)
-        t0 = 0.0
-        for g in range(layers):
-            group = track.append_group()
-            for i in range(frames):
-                stamp = time.perf_counter()
-                t0 = t0 or stamp
-                group.write_frame(_HEADER.pack(stamp, g, i) + filler)
-                await asyncio.sleep(0)
-            group.finish()
+        t0 = await write_track(track, layers, frames, filler)
         print(json.dumps({"t0": t0}), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
         track.finish()

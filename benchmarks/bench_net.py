@@ -158,7 +158,8 @@ async def _run(opts: argparse.Namespace) -> None:
                 mine = by.get(s, {}).get("seconds")
                 row.append(f"{mine / ref:.1f}x" if mine and ref else "-")
         rows.append(row)
-    report("net", columns, rows, extra={
+    name = "net" + (f"-{opts.label}" if opts.label else "")  # a variant keeps its own file
+    report(name, columns, rows, extra={
         "size_bytes": nbytes, "layers": LAYERS, "deadline_s": opts.deadline_s,
         "relay_args": opts.relay_arg, "peer_args": opts.peer_arg, "label": opts.label,
         "results": [{"rtt_ms": k[0], "loss_pct": k[1], **v} for k, v in results.items()]})

@@ -90,6 +90,13 @@ async def _ours(lab: Lab, relay_host: Any, consumer: Any, url: str, imp: Impairm
             raise RuntimeError(f"{backend}: the fetched cache differs from the published")
         result["seconds"] = rep["all_layers_ms"] / 1e3
         result["mbps"] = rep["bytes"] / result["seconds"] / 1e6
+        # after start-up (handshake, discovery, slow start): the layers after the first,
+        # from the first usable to the last
+        first = rep["first_layer_ms"] / 1e3
+        result["first_layer_s"] = first
+        if result["seconds"] > first:
+            result["mbps_after_first_layer"] = \
+                rep["bytes"] * (LAYERS - 1) / LAYERS / (result["seconds"] - first) / 1e6
     out.unlink(missing_ok=True)
     return result
 

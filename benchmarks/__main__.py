@@ -1,4 +1,5 @@
-"""`make bench`: run every benchmark module in this folder (bench_*.py), each in turn."""
+"""`make bench`: run every benchmark module in this folder (bench_*.py), each in turn; a
+module with ``ONLY_BY_NAME = True`` (root, half an hour) runs only when named."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ def main(argv: list[str]) -> int:
         if wanted and info.name not in wanted and info.name.removeprefix("bench_") not in wanted:
             continue
         module = importlib.import_module(f"benchmarks.{info.name}")
+        if getattr(module, "ONLY_BY_NAME", False) and not wanted:
+            print(f"({info.name}: only when named, e.g. python -m benchmarks "
+                  f"{info.name.removeprefix('bench_')})")
+            continue
         module.main()
     return 0
 

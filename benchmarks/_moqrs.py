@@ -103,11 +103,11 @@ def _client(url: str, fingerprints: list[str], role: str) -> Any:
 # -- children --------------------------------------------------------------------------------
 
 
-async def _serve() -> None:
-    """Child: run moq-rs's server on 127.0.0.1 until stdin closes."""
+async def _serve(host: str = "127.0.0.1") -> None:
+    """Child: run moq-rs's server on ``host`` (any free port) until stdin closes."""
     import moq
 
-    async with moq.Server("127.0.0.1:0", tls_generate=["localhost"]) as server:
+    async with moq.Server(f"{host}:0", tls_generate=["localhost"]) as server:
         print(json.dumps({"addr": server.local_addr,
                           "fingerprints": server.cert_fingerprints()}), flush=True)
         sessions: set[asyncio.Task[None]] = set()
@@ -207,6 +207,20 @@ async def _subscribe(url: str, fingerprint: str, groups: int, frames: int,
 # -- parent ----------------------------------------------------------------------------------
 
 
+async def write_track(track: Any, layers: int, frames: int, filler: bytes) -> float:
+    """Write ``layers`` groups of ``frames`` stamped frames; the first frame's stamp."""
+    t0 = 0.0
+    for g in range(layers):
+        group = track.append_group()
+        for i in range(frames):
+            stamp = time.perf_counter()
+            t0 = t0 or stamp  # the first frame written
+            group.write_frame(_HEADER.pack(stamp, g, i) + filler)
+            await asyncio.sleep(0)
+        group.finish()
+    return t0
+
+
 async def _spawn(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, _SELF, *args, stdin=asyncio.subprocess.PIPE,
@@ -264,15 +278,7 @@ async def moqrs_fanout(nbytes_per_track: int, object_bytes: int, subscribers: in
                     raise RuntimeError("moq-rs subscriber not ready")
             await asyncio.wait_for(track.used(), TIMEOUT)
 
-            t0 = 0.0
-            for g in range(layers):
-                group = track.append_group()
-                for i in range(frames):
-                    stamp = time.perf_counter()
-                    t0 = t0 or stamp  # the first frame written
-                    group.write_frame(_HEADER.pack(stamp, g, i) + filler)
-                    await asyncio.sleep(0)
-                group.finish()
+            t0 = await write_track(track, layers, frames, filler)
             results = [await _line(p, "subscriber") for p in subs]
             track.finish()  # only now: finishing earlier drops in-flight groups (docstring)
         for n, r in enumerate(results):
@@ -301,7 +307,7 @@ async def _main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
-        asyncio.run(_serve())
+        asyncio.run(_serve(*sys.argv[2:3]))
     elif sys.argv[1:2] == ["sub"]:
         url, fp, groups, frames, size = sys.argv[2:7]
         result = asyncio.run(_subscribe(url, fp, int(groups), int(frames), int(size)))

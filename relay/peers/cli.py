@@ -319,6 +319,11 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Give up on the whole retrieval after this long and report the "
                           "usable layers and those to recompute (exit 4); relays get "
                           "FILL_TIMEOUT from the time left."),
+        click.option("--connections", type=click.IntRange(1, 16), default=1,
+                     show_default=True,
+                     help="QUIC connections to the relay for FETCHing layers, the layers "
+                          "split across them: on a lossy path each has its own congestion "
+                          "window (docs/deployment.md)."),
         click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
                      help="KV cache file for the reused prefix."),
         click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
@@ -338,7 +343,7 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
              index_blocks: int | None, max_blocks: int | None, recompute_ms_per_layer: float,
              wait_ms: float | None, stall_ms: float, deadline_ms: float, out: Path | None,
              report: Path | None, engine: str, generate: int, threads: int | None,
-             quiet: bool = False) -> None:
+             quiet: bool = False, connections: int = 1) -> None:
     from . import engine_options as eo
     from .errors import NotFound, UpstreamUnreachable
     from .subscriber import RetrieveOptions, retrieve
@@ -360,7 +365,7 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
                            publications=pubs, max_blocks=max_blocks,
                            recompute_ms_per_layer=recompute_ms_per_layer,
                            discovery_window=window, stall_timeout=stall_ms / 1000,
-                           deadline=deadline_ms / 1000)
+                           deadline=deadline_ms / 1000, connections=connections)
     progress = Progress("subscribe" if mode == "live" else "fetch", quiet=quiet)
     opts.progress = progress.retrieval
     t0 = time.perf_counter()

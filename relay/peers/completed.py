@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 from relay.kvcs.track_names import MANIFEST, MANIFEST_COSE
 from relay.moqt.codes import GroupOrder, ParameterType, RequestErrorCode
@@ -83,13 +84,18 @@ async def fetch_track(session: MoqtSession, url: str, state: RetrievalState, tar
             state.decide("unknown-range", relay=url, track=track, end=list(ev.end))
 
 
-async def retrieve_completed(session: MoqtSession, url: str, state: RetrievalState,
-                             layers: list[int] | None = None) -> None:
-    """FETCH every reused segment's tracks (restricted to ``layers`` if given)."""
+async def retrieve_completed(sessions: Sequence[MoqtSession], url: str,
+                             state: RetrievalState, layers: list[int] | None = None) -> None:
+    """FETCH every reused segment's tracks (restricted to ``layers`` if given). With several
+    ``sessions`` (connections to the one relay) the layer range is cut into as many
+    contiguous slices, one FETCH per track and slice, each slice on its own connection."""
     wanted = sorted(layers) if layers else list(range(state.descriptor.layers))
     first, last = wanted[0], wanted[-1]
-    jobs = [fetch_track(session, url, state, t, track, first, last)
-            for t in state.targets.values() if not t.reasm.complete for track in t.tracks]
+    n = max(1, min(len(sessions), last - first + 1))
+    bounds = [first + (last - first + 1) * i // n for i in range(n + 1)]
+    jobs = [fetch_track(sessions[i], url, state, t, track, bounds[i], bounds[i + 1] - 1)
+            for t in state.targets.values() if not t.reasm.complete for track in t.tracks
+            for i in range(n)]
     results = await asyncio.gather(*jobs, return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException) and not isinstance(r, Exception):

@@ -105,6 +105,10 @@ class RetrieveOptions:
     discovery_window: float = 0.5
     stall_timeout: float = 10.0
     deadline: float | None = None  # seconds for the whole retrieval; None: unbounded
+    # QUIC connections per relay that FETCH layers (split across them): a loss-based
+    # congestion controller's rate falls with loss per connection, so N of them on a lossy
+    # path move about N times as much (docs/deployment.md)
+    connections: int = 1
     tamper: Tamper | None = None
 
 
@@ -122,6 +126,7 @@ class _Sessions:
     def __init__(self, access: RelayAccess) -> None:
         self.access = access
         self.open: dict[str, MoqtSession] = {}
+        self.extra: dict[str, list[MoqtSession]] = {}  # --connections beyond the first
         self.failed: dict[str, str] = {}
         # relays that refused this command's requests as UNAUTHORIZED (url -> reason)
         self.denied: dict[str, str] = {}
@@ -141,8 +146,20 @@ class _Sessions:
             return None
         return s
 
+    async def fetching(self, url: str, session: MoqtSession, n: int) -> list[MoqtSession]:
+        """``session`` and up to ``n - 1`` more connections to ``url`` for FETCHes (fewer
+        if some cannot be made: the FETCHes then share those that exist)."""
+        extra = [s for s in self.extra.get(url, []) if not s.closed]
+        while len(extra) < n - 1:
+            try:
+                extra.append(await connect(url, self.access))
+            except PeerError:
+                break
+        self.extra[url] = extra
+        return [session, *extra]
+
     async def close(self) -> None:
-        for s in self.open.values():
+        for s in [*self.open.values(), *(x for ss in self.extra.values() for x in ss)]:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(s.aclose(), 5.0)
 
@@ -231,7 +248,7 @@ async def _try_candidates(opts: RetrieveOptions, state: RetrievalState, sessions
         state.decide("try-publication", relay=url, via=cand.via,
                      prefix_blocks=cand.blocks, pub_id=cand.namespace.pub_id.hex())
         try:
-            await _attempt(opts, state, session, url, cand.namespace, None)
+            await _attempt(opts, state, sessions, session, url, cand.namespace, None)
         except ManifestRefused as e:
             refusals.append(str(e))
             state.decide("publication-refused", relay=url, reason=str(e))
@@ -280,8 +297,9 @@ def _drop_publication(state: RetrievalState) -> None:
     state.namespace = state.verifier = None
 
 
-async def _attempt(opts: RetrieveOptions, state: RetrievalState, session: MoqtSession,
-                   url: str, ns: KvcsNamespace, layers: list[int] | None) -> None:
+async def _attempt(opts: RetrieveOptions, state: RetrievalState, sessions: _Sessions,
+                   session: MoqtSession, url: str, ns: KvcsNamespace,
+                   layers: list[int] | None) -> None:
     """One retrieval of publication ``ns`` from one relay into ``state``.
 
     ``kvcs subscribe`` follows production live, then FETCHes what its subscriptions did not
@@ -293,7 +311,7 @@ async def _attempt(opts: RetrieveOptions, state: RetrievalState, session: MoqtSe
         _switch(opts, state, ns)
     if opts.mode == "completed":
         try:
-            await _fetch_held(opts, state, session, url, layers, listing=False)
+            await _fetch_held(opts, state, sessions, session, url, layers, listing=False)
         except PublicationGone:
             if state.manifest is not None:
                 raise  # a relay that lacks what another one served: recovery goes on
@@ -315,17 +333,20 @@ async def _attempt(opts: RetrieveOptions, state: RetrievalState, session: MoqtSe
     # The subscriptions ended short of the cache (production over, stalled, or a relay that
     # ended them early): what is still missing is FETCHed, as for a completed cache.
     state.decide("fetch-after-live", relay=url)
-    await _fetch_held(opts, state, session, url,
+    await _fetch_held(opts, state, sessions, session, url,
                       state.missing_layers() if state.targets else None, listing=True)
 
 
-async def _fetch_held(opts: RetrieveOptions, state: RetrievalState, session: MoqtSession,
-                      url: str, layers: list[int] | None, *, listing: bool) -> None:
+async def _fetch_held(opts: RetrieveOptions, state: RetrievalState, sessions: _Sessions,
+                      session: MoqtSession, url: str, layers: list[int] | None, *,
+                      listing: bool) -> None:
     """FETCH the manifest (unless final) and the wanted layers the relay holds. ``listing``:
     with --require-cose, then follow the manifest (bounded) until it lists what came."""
     if state.manifest is None or not state.manifest_final:
         await fetch_manifest(session, state)
-    await retrieve_completed(session, url, state, layers)
+    fetching = [session] if opts.connections <= 1 else \
+        await sessions.fetching(url, session, opts.connections)
+    await retrieve_completed(fetching, url, state, layers)
     if listing and state.unverified_layers() and not state.manifest_final:
         left = state.remaining()
         await await_listing(session, url, state,
@@ -394,7 +415,8 @@ async def _recover(opts: RetrieveOptions, state: RetrievalState, sessions: _Sess
                      missing_layers=state.missing_layers())
         try:
             async with asyncio.timeout(remaining):
-                await _attempt(opts, state, session, url, ns, state.missing_layers())
+                await _attempt(opts, state, sessions, session, url, ns,
+                               state.missing_layers())
         except TimeoutError:
             state.decide("recovery-deadline", missing_layers=state.missing_layers())
             break

@@ -225,3 +225,22 @@ async def test_manifest_cose_required_absent_or_badly_signed_is_refused(relay: A
     res = await _retrieve(_opts((relay,), c, require_cose=True, keys=store,
                                 publications=[(signed.namespace, None)]))
     assert res.exit_code == EXIT_OK and res.report["manifest_signed"]
+
+
+async def test_connections_split_the_layers_over_several_quic_connections(relay: Any
+                                                                          ) -> None:
+    """`--connections 3`: two more sessions to the same relay, each track's layer range cut
+    into three FETCHes (one per connection): every layer arrives, bit for bit, nothing
+    twice. (Under loss each connection has its own congestion window: tests/net.)"""
+    c = cache(blocks=4)
+    p = plan(c)
+    await _publish((relay,), p)
+    sessions = relay.relay.counters.get("sessions_accepted")
+    fetches = relay.relay.counters.get("fetches")
+    res = await _retrieve(_opts((relay,), c, publications=[(p.namespace, None)],
+                                connections=3))
+    assert res.exit_code == EXIT_OK, res.report
+    assert _bytes(res.k) == _bytes(c.k) and _bytes(res.v) == _bytes(c.v)
+    assert res.report["objects_duplicate"] == 0 and res.report["objects_discarded"] == 0
+    assert relay.relay.counters.get("sessions_accepted") - sessions == 3
+    assert relay.relay.counters.get("fetches") - fetches >= 2 * 3  # k and v, three slices

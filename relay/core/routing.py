@@ -397,8 +397,11 @@ class Routing:
                         self._holds(e.namespace):
                     # the source is gone, not the namespace: what this relay holds of it
                     # stays discoverable and served (as learned, like its Objects) until
-                    # the registry forgets its last Track (sweep)
-                    kept = self._kept_ns[e.namespace] = PublisherEntry(e.namespace, CACHE)
+                    # the registry forgets its last Track (sweep). Still learned, not its
+                    # own: never announced upward, or the upstream (once back) would route
+                    # requests for it down here while this relay asks up for the same Track
+                    kept = self._kept_ns[e.namespace] = PublisherEntry(e.namespace, CACHE,
+                                                                       upstream=True)
                     self.relay.namespaces.add_publisher(kept)
                 self.relay.namespaces.remove_publisher(e)
 

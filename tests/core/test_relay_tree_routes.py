@@ -347,6 +347,53 @@ async def test_announced_again_after_failover_to_the_next_upstream(tmp_path: Pat
             await r1.close()
 
 
+async def test_what_an_edge_keeps_of_a_gone_upstream_is_never_announced_up(
+        tmp_path: Path) -> None:
+    """Found by tests/net (a cut link): an edge holding Objects of a namespace it learned
+    from its upstream keeps it discoverable when that upstream goes, as learned, not as its
+    own. Announced up once the link is back, the upstream would route the edge's own
+    request for the Track back down to the edge (which waits for its request up): 5 s of
+    no answer. Here the link fails over to a second root, which must never hear of it."""
+    r1 = await relay_at(tmp_path / "r1")
+    r2 = await relay_at(tmp_path / "r2")
+    edge = await relay_at(tmp_path / "e", upstream=[r1.url, r2.url])
+    ns = make_ns()
+    name = FullTrackName(ns, b"k.raw.s0")
+    closed = False
+    try:
+        pub = await client(r1)
+        t = await complete_track(pub, name, layers=2, per_group=2)
+        c = await client(edge)
+        await until_namespace(c, ns[:2], ns)
+        _resp, got = await fetch_objects(c, name)
+        assert got == t.sent
+        up = edge.relay.upstream
+        assert up is not None and [e.upstream for e in sources(edge, ns)] == [True]
+        first = up.session
+        assert first is not None
+        await r1.close()
+        closed = True
+        await asyncio.wait_for(first.wait_closed(), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            while any(e.source is first for e in sources(edge, ns)):  # the edge noticed
+                await asyncio.sleep(0)
+        # kept: still discoverable and served at the edge, still learned
+        assert [e.upstream for e in sources(edge, ns)] == [True]
+        assert edge.relay.announcer is not None and not edge.relay.announcer.offered(ns)
+        _resp, got = await fetch_objects(await client(edge), name)
+        assert got == t.sent
+        # a request that reaches r2 dials the second root; it hears nothing of ns
+        with pytest.raises(RequestRejected):
+            await asyncio.wait_for(c.fetch(make_ns(), b"k.raw.s0"), TIMEOUT)
+        assert up.connects == 2
+        assert edge.relay.announcer.announced == [] and sources(r2, ns) == []
+    finally:
+        await edge.close()
+        await r2.close()
+        if not closed:
+            await r1.close()
+
+
 async def test_an_edge_serves_what_it_learned_of_absence_while_its_origin_is_dead(
         tmp_path: Path) -> None:
     """Issue 26 item 3: a publication fetched once through an edge (its manifest.cose

@@ -1,0 +1,168 @@
+"""The bbr controller (relay/transport/congestion.py) on a simulated path: a fake clock, a
+bottleneck of known rate and queue, seeded random loss. Deterministic, and each check
+would fail if the model collapsed under random loss, ignored persistent congestion or
+never left (or never grew in) STARTUP."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass
+
+from relay.transport.congestion import (
+    DRAIN,
+    PROBE_BW,
+    PROBE_RTT,
+    STARTUP,
+    BbrCongestionControl,
+)
+
+MSS = 1200
+
+
+@dataclass
+class Packet:
+    """What aioquic's QuicSentPacket gives the controller (sent_bytes, sent_time)."""
+
+    number: int
+    sent_bytes: int
+    sent_time: float = 0.0
+
+
+@dataclass
+class Path:
+    rate: float  # bytes/s at the bottleneck
+    rtt: float  # base round trip, seconds
+    loss: float = 0.0  # random loss, either direction folded into the data packet
+    queue: float = 1.0  # bottleneck queue, in BDPs; beyond it packets are dropped
+    seed: int = 1
+
+    @property
+    def bdp(self) -> float:
+        return self.rate * self.rtt
+
+
+class Run:
+    """Sender (the controller, paced and windowed as aioquic does) -> bottleneck -> ACK.
+    A packet is declared lost when the third later packet is acknowledged (RFC 9002's
+    packet threshold), and an RTT sample is taken per ACK as aioquic does."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.cc = BbrCongestionControl(max_datagram_size=MSS)
+        self.rng = random.Random(path.seed)
+        self.now = 0.0
+        self.next_send = 0.0
+        self.link_free = 0.0
+        self.events: list[tuple[float, int, str, Packet]] = []
+        self.number = 0
+        self.delivered: list[tuple[float, int]] = []  # (time, bytes) of each ACK
+        self.modes: list[tuple[float, str]] = [(0.0, STARTUP)]
+        self.pending_loss: list[Packet] = []
+        self.rates: list[tuple[float, float]] = []  # (time, pacing rate) after each ACK
+
+    def _send(self) -> None:
+        p = Packet(self.number, MSS, self.now)
+        self.number += 1
+        self.cc.on_packet_sent(packet=p)
+        rate = self.cc.pacing_rate()
+        self.next_send = self.now + (MSS / rate if rate != float("inf") else 0.0)
+        start = max(self.now, self.link_free)
+        queued = (start - self.now) * self.path.rate
+        if queued > self.path.queue * self.path.bdp or self.rng.random() < self.path.loss:
+            # dropped: noticed once three later packets are acknowledged (or at once if
+            # none follow: a timeout stands in for the probe)
+            heapq.heappush(self.events, (self.now + self.path.rtt + 4 * MSS / self.path.rate,
+                                         p.number, "lost", p))
+            return
+        self.link_free = start + MSS / self.path.rate
+        heapq.heappush(self.events, (self.link_free + self.path.rtt, p.number, "ack", p))
+
+    def run(self, until: float, stop_at: float | None = None) -> None:
+        while self.now < until:
+            can_send = (self.cc.bytes_in_flight + MSS <= self.cc.congestion_window
+                        and (stop_at is None or self.now < stop_at))
+            next_event = self.events[0][0] if self.events else until
+            if can_send and max(self.next_send, self.now) <= next_event:
+                self.now = max(self.next_send, self.now)
+                self._send()
+                continue
+            if not self.events:
+                self.now = until
+                break
+            self.now, _, kind, p = heapq.heappop(self.events)
+            if kind == "ack":
+                self.cc.on_packet_acked(now=self.now, packet=p)
+                self.cc.on_rtt_measurement(now=self.now, rtt=self.now - p.sent_time)
+                self.delivered.append((self.now, p.sent_bytes))
+                self.rates.append((self.now, self.cc.pacing_rate()))
+            else:
+                self.cc.on_packets_lost(now=self.now, packets=[p])
+            if self.cc.mode != self.modes[-1][1]:
+                self.modes.append((self.now, self.cc.mode))
+
+    def goodput(self, start: float, end: float) -> float:
+        return sum(n for t, n in self.delivered if start <= t < end) / (end - start)
+
+
+def test_random_loss_of_one_percent_keeps_the_rate_near_the_bottleneck() -> None:
+    path = Path(rate=2.5e6, rtt=0.04, loss=0.01, queue=2.0)
+    run = Run(path)
+    run.run(6.0)
+    # after start-up, the path stays nearly full: Reno would halve per loss (~every 2 RTT
+    # at this BDP) and average far lower
+    assert run.goodput(2.0, 6.0) > 0.85 * path.rate
+    assert 0.8 * path.rate < run.cc.btl_bw < 1.3 * path.rate
+    assert run.cc.congestion_window >= path.bdp
+    assert run.cc.mode in (PROBE_BW, PROBE_RTT)
+
+
+def test_no_loss_fills_the_link_and_keeps_the_queue_small() -> None:
+    path = Path(rate=5e6, rtt=0.08, queue=4.0)
+    run = Run(path)
+    run.run(5.0)
+    assert run.goodput(1.5, 5.0) > 0.9 * path.rate
+    # window about 2 BDP (not the whole queue): the model bounds what it puts in flight
+    assert run.cc.congestion_window < 2.5 * path.bdp
+    assert abs(run.cc.min_rtt - path.rtt) < 0.01
+
+
+def test_startup_grows_then_exits_when_the_bandwidth_plateaus() -> None:
+    path = Path(rate=2.5e6, rtt=0.02, queue=3.0)
+    run = Run(path)
+    run.run(2.0)
+    modes = [m for _, m in run.modes]
+    assert modes[:3] == [STARTUP, DRAIN, PROBE_BW]
+    left_startup = run.modes[1][0]
+    # exponential growth reaches 2.5 MB/s from 10 packets in ~8 rounds, then three rounds
+    # without 25 % growth: well under 30 rounds
+    assert left_startup < 30 * path.rtt
+    # while in STARTUP the pacing rate grew (it did not sit at the initial rate)
+    early = [r for t, r in run.rates if t < left_startup]
+    assert max(early) > 4 * min(early)
+    assert 0.85 * path.rate < run.cc.btl_bw < 1.2 * path.rate
+
+
+def test_persistent_congestion_drops_to_the_minimum_window_and_measures_again() -> None:
+    path = Path(rate=2.5e6, rtt=0.04)
+    run = Run(path)
+    run.run(2.0)
+    assert run.cc.congestion_window > 20 * MSS
+    run.cc.on_persistent_congestion()
+    assert run.cc.congestion_window == 2 * MSS
+    assert run.cc.mode == STARTUP and run.cc.btl_bw == 0.0
+    run.run(4.0)  # the path is still there: it is found again
+    assert run.goodput(3.0, 4.0) > 0.85 * path.rate
+
+
+def test_heavy_persistent_loss_backs_off() -> None:
+    # a bottleneck that halves mid-transfer behind a tiny queue: a fifth and more of every
+    # round is lost until the model forgets the old rate
+    path = Path(rate=5e6, rtt=0.04, queue=0.25)
+    run = Run(path)
+    run.run(2.0)
+    assert run.cc.btl_bw > 0.8 * 5e6
+    run.path.rate = 1e6
+    run.run(4.0)
+    assert run.cc.btl_bw < 1.5e6
+    assert run.goodput(3.0, 4.0) > 0.7 * 1e6

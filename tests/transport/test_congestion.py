@@ -5,10 +5,18 @@ never left (or never grew in) STARTUP."""
 
 from __future__ import annotations
 
+import asyncio
 import heapq
+import pathlib
 import random
 from dataclasses import dataclass
+from typing import Any
 
+import pytest
+from conftest import w
+
+from relay.transport import CertificatePaths, Connection, QuicSettings, connect, serve
+from relay.transport.config import CONGESTION_CONTROLS
 from relay.transport.congestion import (
     DRAIN,
     PROBE_BW,
@@ -166,3 +174,89 @@ def test_heavy_persistent_loss_backs_off() -> None:
     run.run(4.0)
     assert run.cc.btl_bw < 1.5e6
     assert run.goodput(3.0, 4.0) > 0.7 * 1e6
+
+
+# -- over real QUIC (127.0.0.1) ------------------------------------------------------------
+
+def _controller(conn: Connection) -> Any:
+    return conn._ep._quic._loss._cc
+
+
+@pytest.mark.parametrize("name", CONGESTION_CONTROLS)
+async def test_a_transfer_is_exact_with_the_controller_the_settings_name(
+        name: str, certs: CertificatePaths, quic_backends: str | None) -> None:
+    if quic_backends not in (None, "aioquic"):
+        pytest.skip("the controllers are aioquic's: one run is enough")
+    settings = QuicSettings(max_datagram_size=1200, congestion_control=name,
+                            backend="aioquic", idle_timeout=15.0, connect_timeout=5.0)
+    payload = random.Random(7).randbytes(4 * 1024 * 1024)
+    got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    server_side: list[Connection] = []
+
+    async def handler(conn: Connection) -> None:
+        server_side.append(conn)
+        incoming = await w(conn.accept())
+        chunks = []
+        while chunk := await w(incoming.recv.read()):
+            chunks.append(chunk)
+        got.set_result(b"".join(chunks))
+        await conn.wait_closed()
+
+    server = await serve("127.0.0.1", 0, certs.certfile, certs.keyfile, handler,
+                         settings=settings)
+    try:
+        client = await w(connect(f"moqt://127.0.0.1:{server.port}/", settings=settings,
+                                 ca_file=certs.certfile))
+        send = await w(client.open_uni())
+        await w(send.write(payload))
+        await w(send.finish())
+        assert await w(got) == payload
+        # both ends run the controller named, and bbr is paced by its own model
+        expected = {"bbr": "BbrCongestionControl", "reno": "RenoCongestionControl",
+                    "cubic": "CubicCongestionControl"}[name]
+        for conn in (client, server_side[0]):
+            cc = _controller(conn)
+            assert type(cc).__name__ == expected
+            pacer = conn._ep._quic._loss._pacer
+            assert (type(pacer).__name__ == "ModelPacer") == (name == "bbr")
+        if name == "bbr":
+            cc = _controller(client)
+            assert cc.delivered >= len(payload) and cc.btl_bw > 0
+            assert cc.mode != STARTUP or cc.round_count < 10
+        client.close()
+    finally:
+        await w(server.close())
+
+
+@pytest.mark.parametrize("name", CONGESTION_CONTROLS)
+async def test_the_relay_config_key_reaches_its_connections(
+        name: str, tmp_path: pathlib.Path, quic_backends: str | None) -> None:
+    if quic_backends not in (None, "aioquic"):
+        pytest.skip("the controllers are aioquic's: one run is enough")
+    from relay.config import load
+    from relay.service import start_relay
+
+    settings = load({"congestion_control": name, "listen": "127.0.0.1:0",
+                     "data_dir": str(tmp_path), "quic_backend": "aioquic",
+                     "memory_bytes": str(16 << 20), "lmdb_bytes": str(16 << 20)}, {})
+    running = await w(start_relay(settings.relay_config()))
+    try:
+        # a different controller on the client: the server's must come from the key
+        other = "reno" if name != "reno" else "bbr"
+        client = await w(connect(f"moqt://127.0.0.1:{running.port}/", ca_file=running.certfile,
+                                 settings=QuicSettings(backend="aioquic",
+                                                       congestion_control=other)))
+        ep = next(iter(running.server._endpoints))
+        assert type(ep._quic._loss._cc).__name__.lower().startswith(name)
+        assert type(_controller(client)).__name__.lower().startswith(other)
+        client.close()
+    finally:
+        await w(running.close())
+
+
+def test_qh3_refuses_a_congestion_controller() -> None:
+    from relay.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match="no choice"):
+        load({"quic_backend": "qh3", "congestion_control": "bbr"}, {})
+    assert load({"quic_backend": "qh3"}, {}).relay_config().quic_backend == "qh3"

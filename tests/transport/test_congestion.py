@@ -260,3 +260,29 @@ def test_qh3_refuses_a_congestion_controller() -> None:
     with pytest.raises(ConfigError, match="no choice"):
         load({"quic_backend": "qh3", "congestion_control": "bbr"}, {})
     assert load({"quic_backend": "qh3"}, {}).relay_config().quic_backend == "qh3"
+
+
+def test_the_peer_commands_pass_congestion_control_to_their_sessions() -> None:
+    from relay.peers import cli
+
+    def access() -> Any:
+        return cli._access(("moqt://127.0.0.1:1/",), None, True, 1000)
+
+    from relay.transport.backend import default_backend, set_default_backend
+
+    wrapped = cli._with_quic_backend(access)
+    saved = default_backend("client")
+    try:
+        for name in CONGESTION_CONTROLS:
+            got = wrapped(quic_backend="aioquic", congestion_control=name)
+            assert got.settings.congestion_control == name
+            # the rest of the peers' settings are kept
+            assert got.settings.send_buffer_high == cli.PEER_SETTINGS.send_buffer_high
+        assert wrapped(quic_backend="aioquic", congestion_control=None).settings == \
+            cli.PEER_SETTINGS
+        with pytest.raises(SystemExit) as e:
+            wrapped(quic_backend="qh3", congestion_control="bbr")
+        assert e.value.code == 2
+    finally:
+        cli._congestion_control = None
+        set_default_backend(client=saved)

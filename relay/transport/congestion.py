@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
 STARTUP = "startup"
 DRAIN = "drain"
@@ -71,17 +71,12 @@ HEAVY_LOSS_BETA = 0.7
 APP_IDLE_GAP = 0.004
 
 
-class SentPacket(Protocol):
-    """What the controller reads of a packet (aioquic's ``QuicSentPacket`` has these); it
-    stores its own per-packet state in the packet's ``rate_sample`` attribute."""
-
-    sent_bytes: int
-    sent_time: float | None
-
-
 class BbrCongestionControl:
     """Duck-typed to aioquic's ``QuicCongestionControl`` (``bytes_in_flight``,
-    ``congestion_window``, ``ssthresh`` and the ``on_*`` calls); see the module doc."""
+    ``congestion_window``, ``ssthresh`` and the ``on_*`` calls); see the module doc.
+
+    Of a packet it reads ``sent_bytes`` and ``sent_time`` (aioquic's ``QuicSentPacket``)
+    and keeps its delivery-rate state on it as ``rate_sample`` (dropped with the packet)."""
 
     def __init__(self, *, max_datagram_size: int) -> None:
         self.mss = max_datagram_size
@@ -102,10 +97,10 @@ class BbrCongestionControl:
         # round trips: a round ends when a packet sent after its start is acknowledged
         self.round_count = 0
         self.next_round_delivered = 0
-        self.round_start = False
         self.round_lost = 0
         self.round_acked = 0
         self.heavy_loss_rounds = 0
+        self.heavy_loss_events = 0  # times the model backed off for loss (for diagnosis)
         self.probe_rtt_done_at: float | None = None
 
     def _reset_model(self) -> None:
@@ -171,14 +166,12 @@ class BbrCongestionControl:
         self.first_sent_time = packet.sent_time
         if self.app_limited_until and self.delivered > self.app_limited_until:
             self.app_limited_until = 0
-        # rounds
-        self.round_start = False
         if p_delivered >= self.next_round_delivered:
             self.next_round_delivered = self.delivered
             self._end_round()
-        # delivery rate over the longer of the send and ack intervals (the shorter one is
-        # compressed by ACK aggregation or send bursts and would overestimate)
-        # (under one min RTT it is compressed too: not a sample, as in the draft)
+        # delivery rate over the longer of the send and ack intervals: the shorter one is
+        # compressed by ACK aggregation or send bursts and would overestimate (and one
+        # under a min RTT is compressed too: no sample, as in the draft)
         interval = max(packet.sent_time - p_first_sent, now - p_delivered_time)
         if self.min_rtt <= interval:
             bw = (self.delivered - p_delivered) / interval
@@ -226,7 +219,6 @@ class BbrCongestionControl:
 
     def _end_round(self) -> None:
         self.round_count += 1
-        self.round_start = True
         # the 10-round maximum: one entry per finished round
         self.bw_rounds.append(self.round_max_bw)
         self.round_max_bw = 0.0
@@ -237,6 +229,7 @@ class BbrCongestionControl:
             self.heavy_loss_rounds += 1
             if self.heavy_loss_rounds >= HEAVY_LOSS_ROUNDS:
                 self.heavy_loss_rounds = 0
+                self.heavy_loss_events += 1
                 delivered_rate = self.bw_rounds[-1] if self.bw_rounds else 0.0
                 self.bw_rounds.clear()
                 self.btl_bw = delivered_rate

@@ -123,6 +123,7 @@ def test_random_loss_of_one_percent_keeps_the_rate_near_the_bottleneck() -> None
     assert 0.8 * path.rate < run.cc.btl_bw < 1.3 * path.rate
     assert run.cc.congestion_window >= path.bdp
     assert run.cc.mode in (PROBE_BW, PROBE_RTT)
+    assert run.cc.heavy_loss_events == 0  # random loss never looked like congestion
 
 
 def test_no_loss_fills_the_link_and_keeps_the_queue_small() -> None:
@@ -172,6 +173,7 @@ def test_heavy_persistent_loss_backs_off() -> None:
     assert run.cc.btl_bw > 0.8 * 5e6
     run.path.rate = 1e6
     run.run(4.0)
+    assert run.cc.heavy_loss_events >= 1
     assert run.cc.btl_bw < 1.5e6
     assert run.goodput(3.0, 4.0) > 0.7 * 1e6
 

@@ -16,7 +16,8 @@ direction; settings in the JSON). Through it:
 
 Each row is the median of ``BENCH_CC_REPEATS`` runs, the controllers interleaved so load
 from other processes hits them alike; ratios are against reno in the same run. A run that
-misses the deadline reports the rate of what arrived by then (marked). Run:
+misses the deadline is marked: a raw row then gives the rate of what arrived by then, a kvcs
+row the whole size over the time it had (an upper bound). Run:
 ``python -m benchmarks cc`` (env: BENCH_CC_MB=16, BENCH_CC_RTTS_MS=20,40,
 BENCH_CC_LOSSES=0,0.1,1, BENCH_CC_ALGOS=reno,cubic,bbr, BENCH_CC_REPEATS=1,
 BENCH_CC_DEADLINE=90, BENCH_CC_KVCS=0).
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +248,7 @@ async def raw_transfer(nbytes: int, algo: str, rtt: float, loss: float, seed: in
 # -- kvcs fetch from a kvcs relay through the forwarder -------------------------------------
 
 SCOPE_KEY = bytes(range(32))
+KVCS_BYTES = 16 * MiB  # K and V of the cache below
 
 
 def _cache() -> tuple[Any, Any, Any, list[int]]:
@@ -293,18 +296,22 @@ def _env_list(name: str, default: str) -> list[str]:
     return [x for x in os.environ.get(name, default).split(",") if x]
 
 
-async def _run_raw(nbytes: int, rtts: list[float], losses: list[float], algos: list[str],
-                   repeats: int, deadline: float) -> list[list[Any]]:
+Measure = Callable[[str, float, float, int], Awaitable[tuple[float, bool]]]
+"""(controller, RTT, loss fraction, seed) -> (MB/s, completed before the deadline)."""
+
+
+async def _table(measure: Measure, nbytes: int, rtts: list[float], losses: list[float],
+                 algos: list[str], repeats: int) -> list[list[Any]]:
     rows = []
     for rtt in rtts:
         for loss in losses:
             rates: dict[str, list[float]] = {a: [] for a in algos}
             complete = dict.fromkeys(algos, True)
+            # interleaved in rotating order: load from other processes hits all alike
             for i in range(repeats):
                 k = i % len(algos)
                 for algo in algos[k:] + algos[:k]:
-                    rate, ok = await raw_transfer(nbytes, algo, rtt, loss / 100, seed=i + 1,
-                                                  deadline=deadline)
+                    rate, ok = await measure(algo, rtt, loss / 100, i + 1)
                     rates[algo].append(rate)
                     complete[algo] &= ok
             med = {a: statistics.median(v) for a, v in rates.items()}
@@ -313,32 +320,6 @@ async def _run_raw(nbytes: int, rtts: list[float], losses: list[float], algos: l
                 rows.append([round(rtt * 1000), loss, algo, round(med[algo], 2),
                              round(nbytes / med[algo] / 1e6, 1) if med[algo] else None,
                              round(med[algo] / base, 2) if base else None,
-                             "yes" if complete[algo] else "deadline"])
-            print(*rows[-len(algos):], sep="\n", flush=True)
-    return rows
-
-
-async def _run_kvcs(rtts: list[float], losses: list[float], algos: list[str], repeats: int,
-                    deadline: float) -> list[list[Any]]:
-    rows = []
-    for rtt in rtts:
-        for loss in losses:
-            took: dict[str, list[float]] = {a: [] for a in algos}
-            complete = dict.fromkeys(algos, True)
-            nbytes = 0
-            for i in range(repeats):
-                k = i % len(algos)
-                for algo in algos[k:] + algos[:k]:
-                    t, ok, nbytes = await kvcs_fetch(algo, rtt, loss / 100, seed=i + 1,
-                                                     deadline=deadline)
-                    took[algo].append(t)
-                    complete[algo] &= ok
-            med = {a: statistics.median(v) for a, v in took.items()}
-            for algo in algos:
-                base = med.get("reno")
-                rows.append([round(rtt * 1000), loss, algo, round(med[algo], 2),
-                             round(nbytes / med[algo] / 1e6, 2),
-                             round(base / med[algo], 2) if base else None,
                              "yes" if complete[algo] else "deadline"])
             print(*rows[-len(algos):], sep="\n", flush=True)
     return rows
@@ -357,24 +338,31 @@ def main(argv: list[str] | None = None) -> None:
     algos = _env_list("BENCH_CC_ALGOS", "reno,cubic,bbr")
     repeats = int(os.environ.get("BENCH_CC_REPEATS", "1"))
     deadline = float(os.environ.get("BENCH_CC_DEADLINE", "90"))
+    columns = ["rtt_ms", "loss_%", "cc", "MB/s", "seconds", "x_reno", "complete"]
+    settings = {"repeats": repeats, "deadline_s": deadline,
+                "seeds": list(range(1, repeats + 1)), "rtts_ms": [r * 1000 for r in rtts],
+                "losses_%": losses}
     if os.environ.get("BENCH_CC_KVCS", "0") == "1":
-        rows = asyncio.run(_run_kvcs(rtts, losses, algos, repeats, deadline))
-        report("cc_kvcs", ["rtt_ms", "loss_%", "cc", "seconds", "MB/s", "x_reno",
-                           "complete"], rows,
-               extra={"what": "kvcs fetch (in-process retrieve, completed mode) of the 16 MiB "
-                              "synthetic cache from a kvcs relay process on aioquic, both "
-                              "with the controller named, through the seeded forwarder; "
-                              "seconds to the last usable layer",
-                      "repeats": repeats, "deadline_s": deadline,
-                      "seeds": list(range(1, repeats + 1))})
+        async def fetch(algo: str, rtt: float, loss: float, seed: int) -> tuple[float, bool]:
+            took, ok, n = await kvcs_fetch(algo, rtt, loss, seed, deadline)
+            return n / took / 1e6, ok
+
+        rows = asyncio.run(_table(fetch, KVCS_BYTES, rtts, losses, algos, repeats))
+        report("cc_kvcs", columns, rows, extra={
+            "what": "kvcs fetch (in-process retrieve, completed mode) of the 16 MiB synthetic "
+                    "cache from a kvcs relay process on aioquic, both with the controller "
+                    "named, through the seeded forwarder; seconds to the last usable layer",
+            **settings})
         return
-    rows = asyncio.run(_run_raw(nbytes, rtts, losses, algos, repeats, deadline))
-    report("cc", ["rtt_ms", "loss_%", "cc", "MB/s", "seconds", "x_reno", "complete"], rows,
-           extra={"what": "one aioquic stream client->server through the seeded forwarder "
-                          "(delay RTT/2 and loss each direction), max_datagram_size 1200, "
-                          "both QUIC ends in one process, the forwarder in another",
-                  "bytes": nbytes, "repeats": repeats, "deadline_s": deadline,
-                  "seeds": list(range(1, repeats + 1))})
+
+    async def raw(algo: str, rtt: float, loss: float, seed: int) -> tuple[float, bool]:
+        return await raw_transfer(nbytes, algo, rtt, loss, seed, deadline)
+
+    rows = asyncio.run(_table(raw, nbytes, rtts, losses, algos, repeats))
+    report("cc", columns, rows, extra={
+        "what": "one aioquic stream client->server through the seeded forwarder (delay RTT/2 "
+                "and loss each direction), max_datagram_size 1200, both QUIC ends in one "
+                "process, the forwarder in another", "bytes": nbytes, **settings})
 
 
 if __name__ == "__main__":

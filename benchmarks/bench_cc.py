@@ -9,8 +9,9 @@ direction; settings in the JSON). Through it:
 * ``raw``: one 16 MiB stream client -> server on plain aioquic (none of our code), the
   controller chosen by ``congestion_control_algorithm`` (bbr paced by its model, as the
   endpoint does: ``_aioquic.use_model_pacer``);
-* ``kvcs`` (``BENCH_CC_KVCS=1``): ``kvcs fetch`` of a completed 16 MiB publication
-  (``kvcs publish --synthetic 8,8,128,1024,float16,1``) from a ``kvcs relay`` whose
+* ``kvcs`` (``BENCH_CC_KVCS=1``): ``kvcs fetch`` of a completed publication
+  (``kvcs publish --synthetic 8,8,128,1024,float16,1``: issue 24's "16 MiB" cache, 16 MiB
+  of K and 16 of V) from a ``kvcs relay`` whose
   ``congestion_control`` is the one measured (the relay sends; the fetch client uses the
   same controller).
 
@@ -248,11 +249,11 @@ async def raw_transfer(nbytes: int, algo: str, rtt: float, loss: float, seed: in
 # -- kvcs fetch from a kvcs relay through the forwarder -------------------------------------
 
 SCOPE_KEY = bytes(range(32))
-KVCS_BYTES = 16 * MiB  # K and V of the cache below
+KVCS_BYTES = 32 * MiB  # K and V (16 MiB each) of the cache below
 
 
 def _cache() -> tuple[Any, Any, Any, list[int]]:
-    """The 16 MiB synthetic cache of ``kvcs publish --synthetic 8,8,128,1024,float16,1``
+    """The synthetic cache of ``kvcs publish --synthetic 8,8,128,1024,float16,1``
     (8 layers, 8 KV heads, head dim 128, 1024 tokens, fp16, seed 1)."""
     d = synthetic_descriptor(8, 8, 128, "float16", block_tokens=16)
     k, v = synthetic_kv(8, 8, 128, 1024, "float16", seed=1)
@@ -349,8 +350,8 @@ def main(argv: list[str] | None = None) -> None:
 
         rows = asyncio.run(_table(fetch, KVCS_BYTES, rtts, losses, algos, repeats))
         report("cc_kvcs", columns, rows, extra={
-            "what": "kvcs fetch (in-process retrieve, completed mode) of the 16 MiB synthetic "
-                    "cache from a kvcs relay process on aioquic, both with the controller "
+            "what": "kvcs fetch (in-process retrieve, completed mode) of the synthetic "
+                    "cache (16 MiB of K, 16 of V) from a kvcs relay process on aioquic, both with the controller "
                     "named, through the seeded forwarder; seconds to the last usable layer",
             **settings})
         return

@@ -61,6 +61,12 @@ FULL_BW_ROUNDS = 3  # ...and stops after this many rounds without
 INITIAL_WINDOW_PACKETS = 10  # RFC 9002 7.2 (aioquic's K_INITIAL_WINDOW)
 MINIMUM_WINDOW_PACKETS = 2  # RFC 9002 7.2 kMinimumWindow
 
+# ACK aggregation (Linux BBR's extra_acked): bytes ACKed beyond what the bandwidth explains
+# since an epoch began, max over two slots of 5 rounds, capped at 100 ms of the bandwidth
+EXTRA_ACKED_SLOT_ROUNDS = 5
+EXTRA_ACKED_MAX_TIME = 0.1
+ACK_EPOCH_RESET_BYTES = 1 << 20
+
 HEAVY_LOSS_FRACTION = 0.2
 HEAVY_LOSS_MIN_PACKETS = 16  # a round of fewer packets says too little about a loss rate
 HEAVY_LOSS_ROUNDS = 2
@@ -84,6 +90,7 @@ class BbrCongestionControl:
         self.congestion_window = INITIAL_WINDOW_PACKETS * max_datagram_size
         self.ssthresh: int | None = None  # read by aioquic's qlog only
         self.min_window = MINIMUM_WINDOW_PACKETS * max_datagram_size
+        self.round_count = 0
         self._reset_model()
         self.min_rtt = float("inf")
         self.min_rtt_stamp = 0.0
@@ -95,7 +102,6 @@ class BbrCongestionControl:
         self.app_limited_until = 0  # `delivered` at which the app-limited period ends
         self.last_sent_time: float | None = None
         # round trips: a round ends when a packet sent after its start is acknowledged
-        self.round_count = 0
         self.next_round_delivered = 0
         self.round_lost = 0
         self.round_acked = 0
@@ -115,6 +121,11 @@ class BbrCongestionControl:
         self.full_bw_rounds = 0
         self.cycle_index = 0
         self.cycle_stamp = 0.0
+        self.extra_acked = [0.0, 0.0]
+        self.extra_acked_slot = 0
+        self.extra_acked_slot_start = self.round_count
+        self.ack_epoch_start: float | None = None
+        self.ack_epoch_acked = 0
 
     # -- what the pacer and the tests read ---------------------------------------------
 
@@ -179,6 +190,7 @@ class BbrCongestionControl:
                 self.round_max_bw = bw
                 if bw > self.btl_bw:
                     self.btl_bw = bw
+        self._update_ack_aggregation(now, size)
         self._update_mode(now)
         self._update_window(size)
 
@@ -253,6 +265,29 @@ class BbrCongestionControl:
                     self.filled_pipe = True
                     self._enter(DRAIN)
 
+    def _update_ack_aggregation(self, now: float, acked: int) -> None:
+        """How far ACKs run ahead of the bandwidth: a receiver that acknowledges in batches
+        (a busy host, a delayed-ACK timer) leaves nothing in flight between its batches unless
+        the window holds that much beyond the BDP; at a small min RTT the batches are most of
+        the window."""
+        if self.round_count - self.extra_acked_slot_start >= EXTRA_ACKED_SLOT_ROUNDS:
+            self.extra_acked_slot ^= 1
+            self.extra_acked[self.extra_acked_slot] = 0.0
+            self.extra_acked_slot_start = self.round_count
+        start = self.ack_epoch_start
+        expected = self.btl_bw * (now - start) if start is not None else 0.0
+        if start is None or self.ack_epoch_acked <= expected or (
+                self.ack_epoch_acked + acked >= ACK_EPOCH_RESET_BYTES):
+            # ACKs came no faster than the model: a new epoch starts here
+            self.ack_epoch_start = now
+            self.ack_epoch_acked = 0
+            expected = 0.0
+        self.ack_epoch_acked += acked
+        extra = min(self.ack_epoch_acked - expected, self.congestion_window)
+        slot = self.extra_acked_slot
+        if extra > self.extra_acked[slot]:
+            self.extra_acked[slot] = extra
+
     def _enter(self, mode: str, now: float = 0.0) -> None:
         self.mode = mode
         if mode == STARTUP:
@@ -301,8 +336,11 @@ class BbrCongestionControl:
             self.congestion_window = max(min(self.congestion_window,
                                              PROBE_RTT_PACKETS * self.mss), self.min_window)
             return
-        # target: gain x BDP, plus a few packets for delayed ACKs at small BDPs
+        # target: gain x BDP, plus a few packets for delayed ACKs at small BDPs, plus (once
+        # the bandwidth is known) what ACK aggregation needs on top
         target = int(self.bdp(self.cwnd_gain)) + 3 * self.mss
+        if self.filled_pipe:
+            target += int(min(max(self.extra_acked), self.btl_bw * EXTRA_ACKED_MAX_TIME))
         cwnd = self.congestion_window
         if self.filled_pipe:
             cwnd = min(cwnd + acked, target)

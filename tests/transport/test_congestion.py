@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 import pathlib
 import random
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class Path:
     loss: float = 0.0  # random loss, either direction folded into the data packet
     queue: float = 1.0  # bottleneck queue, in BDPs; beyond it packets are dropped
     seed: int = 1
+    ack_every: float = 0.0  # ACKs leave the receiver in batches this often (aggregation)
 
     @property
     def bdp(self) -> float:
@@ -84,7 +86,10 @@ class Run:
                                          p.number, "lost", p))
             return
         self.link_free = start + MSS / self.path.rate
-        heapq.heappush(self.events, (self.link_free + self.path.rtt, p.number, "ack", p))
+        acked = self.link_free + self.path.rtt
+        if self.path.ack_every:
+            acked = math.ceil(acked / self.path.ack_every) * self.path.ack_every
+        heapq.heappush(self.events, (acked, p.number, "ack", p))
 
     def run(self, until: float, stop_at: float | None = None) -> None:
         while self.now < until:
@@ -134,6 +139,17 @@ def test_no_loss_fills_the_link_and_keeps_the_queue_small() -> None:
     # window about 2 BDP (not the whole queue): the model bounds what it puts in flight
     assert run.cc.congestion_window < 2.5 * path.bdp
     assert abs(run.cc.min_rtt - path.rtt) < 0.01
+
+
+def test_acks_in_batches_on_a_tiny_rtt_do_not_starve_the_window() -> None:
+    # loopback through a busy host: a lone packet comes back in 0.2 ms, but under load the
+    # receiver acknowledges every 2 ms (its timer granularity and ACK delay). A window of
+    # 2 x bandwidth x min RTT alone would be ~5 packets and hold the rate at a fraction.
+    path = Path(rate=20e6, rtt=0.0002, queue=50.0, ack_every=0.002)
+    run = Run(path)
+    run.run(2.0)
+    assert run.goodput(1.0, 2.0) > 0.8 * path.rate
+    assert run.cc.congestion_window < 8 * path.rate * path.ack_every  # still bounded
 
 
 def test_startup_grows_then_exits_when_the_bandwidth_plateaus() -> None:

@@ -43,6 +43,7 @@ STARTUP = "startup"
 DRAIN = "drain"
 PROBE_BW = "probe_bw"
 PROBE_RTT = "probe_rtt"
+_INF = float("inf")
 
 HIGH_GAIN = 2.885  # 2/ln 2: the smallest gain that doubles the delivery rate per round
 DRAIN_GAIN = 1 / HIGH_GAIN
@@ -154,11 +155,11 @@ class BbrCongestionControl:
             self.first_sent_time = self.delivered_time = now
             if self.delivered:  # idle after a transfer: the application had nothing
                 self.app_limited_until = self.delivered
-        elif (self.last_sent_time is not None
-              and now - self.last_sent_time > max(APP_IDLE_GAP,
-                                                   2 * self.mss / self.pacing_rate())
-              and self.bytes_in_flight + packet.sent_bytes < self.congestion_window):
-            self.app_limited_until = self.delivered + self.bytes_in_flight
+        elif self.last_sent_time is not None:
+            gap = now - self.last_sent_time
+            if (gap > APP_IDLE_GAP and gap > 2 * self.mss / self.pacing_rate()
+                    and self.bytes_in_flight + packet.sent_bytes < self.congestion_window):
+                self.app_limited_until = self.delivered + self.bytes_in_flight
         self.last_sent_time = now
         packet.rate_sample = (self.delivered, self.delivered_time, self.first_sent_time,
                               self.app_limited_until != 0)
@@ -183,7 +184,10 @@ class BbrCongestionControl:
         # delivery rate over the longer of the send and ack intervals: the shorter one is
         # compressed by ACK aggregation or send bursts and would overestimate (and one
         # under a min RTT is compressed too: no sample, as in the draft)
-        interval = max(packet.sent_time - p_first_sent, now - p_delivered_time)
+        interval = packet.sent_time - p_first_sent
+        ack_interval = now - p_delivered_time
+        if ack_interval > interval:
+            interval = ack_interval
         if self.min_rtt <= interval:
             bw = (self.delivered - p_delivered) / interval
             if bw > self.round_max_bw and (not app_limited or bw > self.btl_bw):
@@ -283,7 +287,9 @@ class BbrCongestionControl:
             self.ack_epoch_acked = 0
             expected = 0.0
         self.ack_epoch_acked += acked
-        extra = min(self.ack_epoch_acked - expected, self.congestion_window)
+        extra = self.ack_epoch_acked - expected
+        if extra > self.congestion_window:
+            extra = self.congestion_window
         slot = self.extra_acked_slot
         if extra > self.extra_acked[slot]:
             self.extra_acked[slot] = extra
@@ -336,14 +342,24 @@ class BbrCongestionControl:
             self.congestion_window = max(min(self.congestion_window,
                                              PROBE_RTT_PACKETS * self.mss), self.min_window)
             return
-        # target: gain x BDP, plus a few packets for delayed ACKs at small BDPs, plus (once
-        # the bandwidth is known) what ACK aggregation needs on top
-        target = int(self.bdp(self.cwnd_gain)) + 3 * self.mss
-        if self.filled_pipe:
-            target += int(min(max(self.extra_acked), self.btl_bw * EXTRA_ACKED_MAX_TIME))
+        # Once per ACKed packet: plain comparisons, no calls. The target: gain x BDP, plus a
+        # few packets for delayed ACKs at small BDPs, plus (once the bandwidth is known)
+        # what ACK aggregation needs on top.
+        mss = self.mss
+        bw = self.btl_bw
+        if bw and self.min_rtt != _INF:
+            target = self.cwnd_gain * bw * self.min_rtt + 3 * mss
+        else:
+            target = (INITIAL_WINDOW_PACKETS + 3) * mss
         cwnd = self.congestion_window
         if self.filled_pipe:
-            cwnd = min(cwnd + acked, target)
-        elif cwnd < target or self.delivered < INITIAL_WINDOW_PACKETS * self.mss:
+            e0, e1 = self.extra_acked
+            extra = e0 if e0 > e1 else e1
+            cap = bw * EXTRA_ACKED_MAX_TIME
+            target += extra if extra < cap else cap
             cwnd += acked
-        self.congestion_window = max(cwnd, self.min_window)
+            if cwnd > target:
+                cwnd = int(target)
+        elif cwnd < target or self.delivered < INITIAL_WINDOW_PACKETS * mss:
+            cwnd += acked
+        self.congestion_window = cwnd if cwnd > self.min_window else self.min_window

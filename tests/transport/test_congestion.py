@@ -168,6 +168,18 @@ def test_startup_grows_then_exits_when_the_bandwidth_plateaus() -> None:
     assert 0.85 * path.rate < run.cc.btl_bw < 1.2 * path.rate
 
 
+def test_probe_rtt_refreshes_the_min_rtt_every_ten_seconds_at_little_cost() -> None:
+    path = Path(rate=2.5e6, rtt=0.04, queue=4.0)
+    run = Run(path)
+    run.run(12.0)
+    probes = [(t, m) for t, m in run.modes if m == PROBE_RTT]
+    assert len(probes) == 1 and 10.0 < probes[0][0] < 11.0
+    after = run.modes[run.modes.index(probes[0]) + 1]
+    assert 0.2 <= after[0] - probes[0][0] < 0.5  # 200 ms at four packets, then back
+    assert abs(run.cc.min_rtt - path.rtt) < 0.005  # no standing queue crept in
+    assert run.goodput(2.0, 12.0) > 0.9 * path.rate
+
+
 def test_persistent_congestion_drops_to_the_minimum_window_and_measures_again() -> None:
     path = Path(rate=2.5e6, rtt=0.04)
     run = Run(path)

@@ -351,8 +351,9 @@ def main(argv: list[str] | None = None) -> None:
         rows = asyncio.run(_table(fetch, KVCS_BYTES, rtts, losses, algos, repeats))
         report("cc_kvcs", columns, rows, extra={
             "what": "kvcs fetch (in-process retrieve, completed mode) of the synthetic "
-                    "cache (16 MiB of K, 16 of V) from a kvcs relay process on aioquic, both with the controller "
-                    "named, through the seeded forwarder; seconds to the last usable layer",
+                    "cache (16 MiB of K, 16 of V) from a kvcs relay process on aioquic, "
+                    "both with the controller named, through the seeded forwarder; seconds "
+                    "to the last usable layer",
             **settings})
         return
 

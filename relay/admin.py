@@ -12,6 +12,7 @@ fields in lower-case hex, joined by ``/`` (``kvcs-1/<scope>/<compat>/<anchor>/<p
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -20,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relay.core.purge import known_tracks, purge, tiers_of
+from relay.http import Answer, BadRequest, read_body
 from relay.moqt.primitives import FullTrackName, TrackNamespace
 
 if TYPE_CHECKING:
@@ -31,13 +33,7 @@ PREFIX = "/admin/"
 # A worker's half of a purge through the supervisor (relay/workers.py): once every worker
 # has purged, each forgets its routes to siblings for the namespaces any of them withdrew.
 SIBLING_ROUTES = PREFIX + "purge-sibling-routes"
-MAX_BODY = 64 * 1024  # a purge request is a few hundred bytes
 JSON = "application/json"
-Answer = tuple[int, str, bytes]
-
-
-class BadRequest(ValueError):
-    """A malformed admin request; the message is the one line the client gets back."""
 
 
 def format_namespace(ns: Sequence[bytes]) -> str:
@@ -78,21 +74,6 @@ def scope_totals(tracks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"scope": s, **v} for s, v in sorted(scopes.items())]
 
 
-def content_length(headers: Mapping[str, str]) -> int:
-    """The body's length, at most :data:`MAX_BODY`; `BadRequest` for anything else.
-
-    ASCII digits only: ``str.isdigit()`` also accepts digits such as "²" that ``int()``
-    refuses, and ``int()`` accepts "+5", " 5" and "5_0", none of which is HTTP.
-    """
-    raw = headers.get("content-length", "0")
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 20:
-        raise BadRequest("bad Content-Length (at most 64 KiB)")
-    n = int(raw)
-    if n > MAX_BODY:
-        raise BadRequest("bad Content-Length (at most 64 KiB)")
-    return n
-
-
 class AdminAuth:
     """The admin token check, shared by a relay's listener and the supervisor's."""
 
@@ -130,7 +111,7 @@ class AdminApi:
     def note_refused(self, method: str, path: str, why: str) -> None:
         """A request refused before its token could be accepted: counted and logged (never
         the token; method and path cut short, since a client chooses them)."""
-        self.relay.counters.inc("admin_unauthorized")
+        self.relay.counters.admin_unauthorized += 1
         log.warning("admin request refused: %s (%s %s)", why, method[:16], path[:64])
 
     def check(self, method: str, path: str, headers: Mapping[str, str]) -> Answer | None:
@@ -141,12 +122,14 @@ class AdminApi:
         self.note_refused(method, path, "missing or wrong token")
         return 401, "text/plain", b"unauthorized\n"
 
-    async def handle(self, method: str, path: str, headers: Mapping[str, str],
-                     body: bytes) -> Answer:
+    async def route(self, method: str, path: str, headers: Mapping[str, str],
+                    reader: asyncio.StreamReader) -> Answer:
+        """The token first, from the headers alone: a request without it learns nothing
+        else (not even whether its body would have been acceptable) and is counted."""
         refused = self.check(method, path, headers)
         if refused is not None:
             return refused
-        return await self.serve(method, path, body)
+        return await self.serve(method, path, await read_body(headers, reader))
 
     async def serve(self, method: str, path: str, body: bytes) -> Answer:
         """An authorized request."""
@@ -217,6 +200,8 @@ class AdminApi:
         return {"namespace": format_namespace(key[0]), "name": format_track_name(key[1]),
                 "tiers": sorted(tiers), "bytes": tiers,
                 "complete": relay.store.is_complete(key),
+                # its publisher failed: served as far as held, never persisted
+                "aborted": relay.store.memory.is_aborted(key),
                 "live": bool(rt is not None and rt.live),
                 "largest_object": list(largest) if largest is not None else None,
                 "subscribers": len(rt.forwarders) if rt is not None else 0}
@@ -261,5 +246,5 @@ def _purge_prefix(body: bytes) -> TrackNamespace:
     return parse_namespace(doc["prefix"])
 
 
-__all__ = ["SIBLING_ROUTES", "AdminApi", "AdminAuth", "BadRequest", "content_length",
-           "format_namespace", "format_track_name", "parse_namespace"]
+__all__ = ["SIBLING_ROUTES", "AdminApi", "AdminAuth", "format_namespace", "format_track_name",
+           "parse_namespace"]

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relay.core.auth import read_token_file
 from relay.core.relay import RelayOptions
 from relay.service import RelayConfig
+from relay.session.tokens import read_token_file
 from relay.transport.config import CONGESTION_CONTROLS
 
 ENV_PREFIX = "KVCS_RELAY_"
@@ -186,9 +186,9 @@ KEYS: tuple[Key, ...] = (
         "qh3 (the fast extra: a native QUIC core, several times the throughput per core); "
         "see docs/transport.md.", "aioquic"),
     Key("congestion_control", _choice(*CONGESTION_CONTROLS), _QUIC_CC, "aioquic congestion "
-        "controller: bbr (paces at a model of the path; random loss does not slow it), or "
-        "aioquic's loss-based reno or cubic. qh3 has its own and no choice (an error there); "
-        "see docs/transport.md.", _QUIC_CC),
+        "controller of all the relay's connections: bbr (paces at a model of the path; random "
+        "loss does not slow it), or aioquic's loss-based reno or cubic. qh3 has its own and "
+        "no choice (setting it with qh3 is an error); see docs/transport.md.", _QUIC_CC),
     Key("max_backlog_bytes", _int, RelayOptions.max_backlog_bytes, "Bytes queued for one "
         "subscriber beyond which its subscription ends as too far behind.",
         str(RelayOptions.max_backlog_bytes)),
@@ -208,7 +208,8 @@ KEYS: tuple[Key, ...] = (
         "mounted Kubernetes Secret); added to the tokens of the config file.", ""),
     Key("admin_token_file", _opt_path, None, "File holding the bearer token of the admin API "
         "(/admin/ on the metrics listener); unset: the admin API is off.", ""),
-    Key("log_level", _log_level, "INFO", "DEBUG, INFO, WARNING or ERROR.", "INFO"),
+    Key("log_level", _log_level, "INFO", "DEBUG, INFO, WARNING, ERROR or CRITICAL.",
+        "INFO"),
     Key("log_format", _choice("text", "json"), "text", "text (one line per event) or json "
         "(one object per line).", "text"),
 )

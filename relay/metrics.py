@@ -17,7 +17,6 @@ together.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -34,11 +33,13 @@ from prometheus_client.openmetrics import exposition as _om
 from prometheus_client.registry import Collector
 
 from relay.admin import PREFIX as ADMIN_PREFIX
-from relay.admin import BadRequest, content_length
+from relay.http import Answer, Listener, text
 from relay.moqt.codes import RequestErrorCode, SessionErrorCode
+from storage.interface import Tier
 
 if TYPE_CHECKING:
     from relay.admin import AdminApi
+    from relay.core.counters import Counters
     from relay.core.relay import Relay
     from storage.tiered import TieredStore
 
@@ -47,7 +48,6 @@ log = logging.getLogger("kvcs.metrics")
 P = "kvcs_relay_"
 TRANSPORTS = ("quic", "webtransport")
 OPS = ("fill", "fetch")
-TIERS = ("memory", "lmdb")
 # Per-subscriber backlog buckets (bytes queued, not yet written): 64 KiB … 256 MiB, the
 # default TOO_FAR_BEHIND bound.
 BACKLOG_BUCKETS = tuple(float(1 << s) for s in range(16, 29, 2))
@@ -65,12 +65,6 @@ def _code_name(enum: Any, code: int) -> str:
         return "other"
 
 
-def _suffix_counts(values: dict[str, int], prefix: str) -> Iterator[tuple[str, int]]:
-    for key, n in list(values.items()):
-        if key.startswith(prefix):
-            yield key[len(prefix):], n
-
-
 class RelayCollector(Collector):
     """Reads a Relay's counters and state when scraped."""
 
@@ -80,7 +74,7 @@ class RelayCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         relay = self.relay
-        c = relay.counters.values
+        c = relay.counters
         yield from self._sessions(c)
         yield from self._requests(c)
 
@@ -88,28 +82,29 @@ class RelayCollector(Collector):
                               "Downstream subscriptions being served.")
         g.add_metric([], sum(len(t.forwarders) for t in list(relay.tracks.values())))
         yield g
-        for key, doc in (("fills_active", "Fills being served from the cache."),
-                         ("fetches_active", "FETCHes being served from the cache.")):
+        for key, doc, served in (("fills_active", "Fills being served from the cache.", c.fill),
+                                 ("fetches_active", "FETCHes being served from the cache.",
+                                  c.fetch)):
             g = GaugeMetricFamily(P + key, doc)
-            g.add_metric([], c.get(key, 0))
+            g.add_metric([], served.in_flight.count)
             yield g
         g = GaugeMetricFamily(P + "tracks", "Tracks the relay knows (cached or live).")
         g.add_metric([], len(relay.tracks))
         yield g
 
         yield _counter("objects_received", "Objects received from publishers and upstream "
-                       "subscriptions.", c.get("objects_received", 0))
+                       "subscriptions.", c.objects_received)
         yield _counter("received_bytes", "Payload bytes of the Objects received.",
-                       c.get("bytes_received", 0))
+                       c.bytes_received)
         sent = CounterMetricFamily(P + "objects_sent", "Objects sent downstream, by path.",
                                    labels=["path"])
         sent_b = CounterMetricFamily(P + "sent_bytes", "Payload bytes sent downstream, by path.",
                                      labels=["path"])
-        sent.add_metric(["subscription"], c.get("objects_sent", 0))
-        sent_b.add_metric(["subscription"], c.get("bytes_sent", 0))
-        for op in OPS:
-            sent.add_metric([op], sum(c.get(f"{op}_objects_{t}", 0) for t in TIERS))
-            sent_b.add_metric([op], c.get(f"{op}_bytes", 0))
+        sent.add_metric(["subscription"], c.objects_sent)
+        sent_b.add_metric(["subscription"], c.bytes_sent)
+        for op, served in (("fill", c.fill), ("fetch", c.fetch)):
+            sent.add_metric([op], sum(served.objects.values()))
+            sent_b.add_metric([op], served.bytes)
         yield sent
         yield sent_b
 
@@ -119,21 +114,21 @@ class RelayCollector(Collector):
                                      "tier held, looked up upstream.", labels=["op"])
         unknown = CounterMetricFamily(P + "unknown_ranges", "Ranges of fills and FETCHes "
                                       "reported unknown or timed out.", labels=["op"])
-        for op in OPS:
-            for t in TIERS:
-                hits.add_metric([op, t], c.get(f"{op}_objects_{t}", 0))
-            misses.add_metric([op], c.get(f"{op}_upstream_lookups", 0))
-            unknown.add_metric([op], c.get(f"{op}_unknown_ranges", 0))
+        for op, served in (("fill", c.fill), ("fetch", c.fetch)):
+            for tier in (Tier.MEMORY, Tier.LMDB):
+                hits.add_metric([op, tier.name.lower()], served.objects[tier])
+            misses.add_metric([op], served.upstream_lookups)
+            unknown.add_metric([op], served.unknown_ranges)
         yield hits
         yield misses
         yield unknown
 
         yield _counter("upstream_subscriptions", "Subscriptions the relay made to publishers "
-                       "or upstream relays.", c.get("upstream_subscriptions", 0))
+                       "or upstream relays.", c.upstream_subscriptions)
         yield _counter("upstream_fetches", "FETCHes the relay sent to publishers or upstream "
-                       "relays (after coalescing).", c.get("upstream_fetches", 0))
+                       "relays (after coalescing).", c.upstream_fetches)
         yield _counter("upstream_fetched_objects", "Objects received by upstream FETCHes.",
-                       c.get("upstream_fetch_objects", 0))
+                       c.upstream_fetched_objects)
         up = relay.upstream
         g = GaugeMetricFamily(P + "upstream_connected",
                               "1 while an upstream relay session is open.")
@@ -149,22 +144,22 @@ class RelayCollector(Collector):
         yield g
         yield _counter("upstream_announcements_refused", "PUBLISH_NAMESPACE the upstream "
                        "relay refused (served locally).",
-                       c.get("upstream_announcements_refused", 0))
+                       c.upstream_announcements_refused)
         yield _counter("upstream_announcements_uncovered", "Prefixes not announced: the "
                        "upstream token does not cover them.",
-                       c.get("upstream_announcements_uncovered", 0))
+                       c.upstream_announcements_uncovered)
         yield _counter("upstream_pushes", "Tracks pushed to the upstream relay (PUBLISH).",
-                       c.get("upstream_pushes", 0))
+                       c.upstream_pushes)
         yield _counter("upstream_pushes_failed", "Pushes to the upstream relay that could "
-                       "not start.", c.get("upstream_pushes_failed", 0))
+                       "not start.", c.upstream_pushes_failed)
         yield _counter("upstream_unreachable", "Requests refused with TIMEOUT because the "
                        "upstream relay was unreachable or did not answer in time.",
-                       c.get("upstream_unreachable", 0))
+                       c.upstream_unreachable)
 
         yield from self._storage(c)
         yield from self._scopes()
         yield _counter("sessions_refused", "Sessions refused at once because max_sessions "
-                       "were open.", c.get("sessions_refused", 0))
+                       "were open.", c.sessions_refused)
 
         buckets, total = _backlog_buckets(relay)
         yield GaugeHistogramMetricFamily(
@@ -172,18 +167,18 @@ class RelayCollector(Collector):
             "not yet written (distribution at scrape time).", buckets=buckets,
             gsum_value=total)
         yield _counter("too_far_behind", "Subscriptions ended as too far behind.",
-                       c.get("too_far_behind", 0))
+                       c.too_far_behind)
         yield _counter("authorization_failures", "Requests refused for want of a valid "
-                       "token.", c.get("auth_failures", 0))
+                       "token.", c.auth_failures)
         yield _counter("admin_unauthorized", "Admin API requests refused for a missing or "
-                       "wrong token.", c.get("admin_unauthorized", 0))
+                       "wrong token.", c.admin_unauthorized)
         yield _counter("admin_purged_tracks", "Tracks removed by admin purges.",
-                       c.get("admin_purged_tracks", 0))
+                       c.admin_purged_tracks)
         g = GaugeMetricFamily(P + "draining", "1 once GOAWAY was sent to every session.")
         g.add_metric([], 1 if relay.draining else 0)
         yield g
 
-    def _sessions(self, c: dict[str, int]) -> Iterator[Metric]:
+    def _sessions(self, c: Counters) -> Iterator[Metric]:
         open_ = GaugeMetricFamily(P + "sessions_open", "MOQT sessions open.",
                                   labels=["transport"])
         counts = dict.fromkeys(TRANSPORTS, 0)
@@ -196,36 +191,33 @@ class RelayCollector(Collector):
         acc = CounterMetricFamily(P + "sessions_accepted", "MOQT sessions set up.",
                                   labels=["transport"])
         for t in TRANSPORTS:
-            acc.add_metric([t], c.get(f"sessions_accepted_{t}", 0))
+            acc.add_metric([t], c.sessions_accepted.get(t, 0))
         yield acc
         closed = CounterMetricFamily(P + "sessions_closed", "MOQT sessions closed, by "
                                      "transport and session close code.",
                                      labels=["transport", "code"])
         merged: dict[tuple[str, str], int] = {}
-        for t in TRANSPORTS:
-            for code, n in _suffix_counts(c, f"sessions_closed_{t}_"):
-                k = (t, _code_name(SessionErrorCode, int(code)))
-                merged[k] = merged.get(k, 0) + n
+        for (t, code), n in list(c.sessions_closed.items()):
+            k = (t, _code_name(SessionErrorCode, code))
+            merged[k] = merged.get(k, 0) + n
         for (t, code), n in sorted(merged.items()):
             closed.add_metric([t, code], n)
         yield closed
 
-    def _requests(self, c: dict[str, int]) -> Iterator[Metric]:
+    def _requests(self, c: Counters) -> Iterator[Metric]:
         fam = CounterMetricFamily(P + "requests", "Requests received, by message type and "
                                   "result (ok or the REQUEST_ERROR code name).",
                                   labels=["type", "result"])
         merged: dict[tuple[str, str], int] = {}
-        for rest, n in _suffix_counts(c, "request_"):
-            mtype, _, result = rest.rpartition("_")
-            if result != "ok":
-                result = _code_name(RequestErrorCode, int(result))
+        for (mtype, code), n in list(c.requests.items()):
+            result = "ok" if code is None else _code_name(RequestErrorCode, code)
             k = (mtype.lower(), result)
             merged[k] = merged.get(k, 0) + n
         for (mtype, result), n in sorted(merged.items()):
             fam.add_metric([mtype, result], n)
         yield fam
 
-    def _storage(self, c: dict[str, int]) -> Iterator[Metric]:
+    def _storage(self, c: Counters) -> Iterator[Metric]:
         stats = self.store.stats()
         mem = stats["memory"]
         lm = stats.get("lmdb")
@@ -250,12 +242,15 @@ class RelayCollector(Collector):
         g.add_metric([], lm["tracks"] if lm is not None else 0)
         yield g
         yield _counter("lmdb_committed_tracks", "Complete Tracks committed to LMDB.",
-                       c.get("lmdb_committed_tracks", 0))
+                       c.lmdb_committed_tracks)
         yield _counter("lmdb_committed_bytes", "Bytes committed to LMDB.",
-                       c.get("lmdb_committed_bytes", 0))
+                       c.lmdb_committed_bytes)
         yield _counter("lmdb_full", "Commit attempts refused because LMDB was full (the "
                        "Track stays in memory; the commit is retried unless the Track "
-                       "exceeds the capacity).", c.get("lmdb_full", 0))
+                       "exceeds the capacity).", c.lmdb_full)
+        yield _counter("lmdb_expired_tracks", "Tracks removed from LMDB because their age "
+                       "passed lmdb_max_age or their MAX_CACHE_DURATION.",
+                       c.lmdb_expired_tracks)
 
 
     def _scopes(self) -> Iterator[Metric]:
@@ -316,7 +311,7 @@ class RelayMetrics:
             h = Histogram(P + f"{op}_duration_seconds",
                           f"Time to serve a {op} from the cache, from accept to the last "
                           "Object written.", buckets=LATENCY_BUCKETS, registry=self.registry)
-            relay.counters.observers[f"{op}_seconds"] = h.observe
+            getattr(relay.counters, op).observe = h.observe
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition for an ``Accept`` header (OpenMetrics when asked for)."""
@@ -327,172 +322,56 @@ class RelayMetrics:
 
 ReadyCheck = Callable[[], Awaitable[list[str]]]
 
-# The request line and headers together: ours are a few hundred bytes, and a line longer
-# than the stream's own limit (asyncio's 64 KiB) is refused the same way.
-MAX_HEAD = 64 * 1024
-# After the answer, what a client still sends (a body we refused to read, the rest of an
-# oversized head) is read and dropped, up to this much for this long: closing a socket with
-# unread input makes the kernel answer with a reset, which can destroy our answer before
-# the client reads it.
-LINGER_BYTES = 4 << 20
-LINGER_SECONDS = 2.0
-
-
-class HeadTooLarge(Exception):
-    """The request's head exceeds :data:`MAX_HEAD` (answered 431)."""
-
-    def __init__(self, request_line: str) -> None:
-        super().__init__("request head too large")
-        self.request_line = request_line  # "" when the request line itself was too long
-
-
-async def read_head(reader: asyncio.StreamReader) -> list[str]:
-    """The request line and header lines (latin-1, without their CRLF), at most
-    :data:`MAX_HEAD` bytes in all; `HeadTooLarge` beyond."""
-    lines: list[str] = []
-    size = 0
-    while True:
-        try:
-            raw = await reader.readuntil(b"\r\n")
-        except asyncio.LimitOverrunError:  # one line longer than the stream's limit
-            raise HeadTooLarge(lines[0] if lines else "") from None
-        size += len(raw)
-        if size > MAX_HEAD:
-            raise HeadTooLarge(lines[0] if lines else "")
-        if raw == b"\r\n":
-            return lines
-        lines.append(raw[:-2].decode("latin-1"))
-
-
-def parse_headers(lines: list[str]) -> dict[str, str]:
-    """Header lines as a dict of lower-case names (the last of repeated ones wins)."""
-    return {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
-
-
-def request_target(request_line: str) -> tuple[str, str]:
-    """(method, path without the query) of a request line; ("", "") if it has none."""
-    parts = request_line.split(" ")
-    if len(parts) < 2:
-        return (parts[0] if parts else ""), ""
-    return parts[0], parts[1].split("?", 1)[0]
-
-
-async def answer_and_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           data: bytes) -> None:
-    """Send ``data`` (a whole answer), tell the client we are done sending, then drop what
-    it still sends (bounded: :data:`LINGER_BYTES`, :data:`LINGER_SECONDS`) until it closes,
-    so that our close does not reset the connection under an answer not yet read. The
-    caller closes the writer."""
-    writer.write(data)
-    await writer.drain()
-    if writer.can_write_eof():
-        writer.write_eof()
-    with contextlib.suppress(TimeoutError, ConnectionError):
-        async with asyncio.timeout(LINGER_SECONDS):
-            left = LINGER_BYTES
-            while left > 0 and (chunk := await reader.read(min(left, 1 << 16))):
-                left -= len(chunk)
-
 
 class MetricsServer:
-    """A small HTTP/1.1 server on the relay's loop: /metrics, /healthz, /readyz."""
+    """The relay's HTTP listener, on its loop: /metrics, /healthz, /readyz, and /admin/."""
 
     def __init__(self, metrics: RelayMetrics, ready: ReadyCheck,
                  admin: AdminApi | None = None) -> None:
         self.metrics = metrics
         self.ready = ready
         self.admin = admin  # None: /admin/ is off (404)
-        self._server: asyncio.Server | None = None
+        self._listener = Listener(self._route, "metrics listener", self._head_too_large)
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port)
+        await self._listener.start(host, port)
 
     @property
     def address(self) -> tuple[str, int]:
-        assert self._server is not None
-        sock = self._server.sockets[0].getsockname()
-        return sock[0], sock[1]
+        return self._listener.address
 
     @property
     def port(self) -> int:
         return self.address[1]
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-            self._server = None
+        await self._listener.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(10.0):  # a stuck client must not hold a task forever
-                try:
-                    lines = await read_head(reader)
-                    status, ctype, body = await self._route(lines, reader)
-                except HeadTooLarge as e:
-                    status, ctype, body = self._too_large(e.request_line)
-                await answer_and_close(reader, writer, (
-                    b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                    b"Connection: close\r\n\r\n" % (
-                        status, _REASONS[status], ctype.encode(), len(body)) + body))
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError):
-            pass
-        except Exception:
-            log.exception("metrics request failed")
-        finally:
-            writer.close()
-
-    def _too_large(self, request_line: str) -> tuple[int, str, bytes]:
-        """431. On /admin/ it is also a request refused without a token we could check:
+    def _head_too_large(self, method: str, path: str) -> None:
+        """On /admin/ a 431 is also a request refused without a token we could check:
         counted and logged as the other refusals are."""
-        method, path = request_target(request_line)
         if self.admin is not None and path.startswith(ADMIN_PREFIX):
             self.admin.note_refused(method, path, "request head too large")
-        return 431, "text/plain", b"request head too large\n"
 
-    async def _route(self, lines: list[str],
-                     reader: asyncio.StreamReader | None = None) -> tuple[int, str, bytes]:
-        method, path = request_target(lines[0] if lines else "")
-        headers = parse_headers(lines[1:])
+    async def _route(self, method: str, path: str, headers: dict[str, str],
+                     reader: asyncio.StreamReader) -> Answer:
         if path.startswith(ADMIN_PREFIX):
-            if self.admin is None or reader is None:  # off: as if it did not exist
-                return 404, "text/plain", b"not found\n"
-            return await self._admin(method, path, headers, reader)
+            if self.admin is None:  # off: as if it did not exist
+                return text(404, "not found")
+            return await self.admin.route(method, path, headers, reader)
         if not path or method not in ("GET", "HEAD"):
-            return 405, "text/plain", b"method not allowed\n"
+            return text(405, "method not allowed")
         if path == "/metrics":
             body, ctype = self.metrics.render(headers.get("accept", ""))
             return 200, ctype, body
         if path == "/healthz":
-            return 200, "text/plain", b"ok\n"
+            return text(200, "ok")
         if path == "/readyz":
             problems = await self.ready()
             if problems:
-                return 503, "text/plain", ("\n".join(problems) + "\n").encode()
-            return 200, "text/plain", b"ready\n"
-        return 404, "text/plain", b"not found\n"
-
-    async def _admin(self, method: str, path: str, headers: dict[str, str],
-                     reader: asyncio.StreamReader) -> tuple[int, str, bytes]:
-        """The token first, from the headers alone: a request without it learns nothing
-        else (not even whether its body would have been acceptable) and is counted."""
-        assert self.admin is not None
-        refused = self.admin.check(method, path, headers)
-        if refused is not None:
-            return refused
-        try:
-            length = content_length(headers)
-        except BadRequest as e:
-            return 400, "text/plain", f"{e}\n".encode()
-        body = await reader.readexactly(length) if length else b""
-        return await self.admin.serve(method, path, body)
+                return text(503, "\n".join(problems))
+            return text(200, "ready")
+        return text(404, "not found")
 
 
-_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found",
-            405: b"Method Not Allowed", 431: b"Request Header Fields Too Large",
-            503: b"Service Unavailable"}
-
-__all__ = ["HeadTooLarge", "MetricsServer", "ReadyCheck", "RelayCollector", "RelayMetrics",
-           "answer_and_close", "parse_headers", "read_head", "request_target"]
+__all__ = ["MetricsServer", "ReadyCheck", "RelayCollector", "RelayMetrics"]

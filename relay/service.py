@@ -20,11 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.admin import AdminApi
-from relay.core.auth import Authorizer, tokens_of
-from relay.core.relay import RELAY_IMPLEMENTATION, Relay, RelayOptions
+from relay.core.auth import Authorizer
+from relay.core.persistence import pending_commits
+from relay.core.relay import Relay, RelayOptions
+from relay.core.routing import RELAY_IMPLEMENTATION
 from relay.core.siblings import SiblingLinks
 from relay.core.upstream import UpstreamLink
 from relay.metrics import MetricsServer, RelayMetrics
+from relay.session.tokens import tokens_of
 from relay.transport import QuicSettings, Server, ensure_self_signed, fingerprint, serve
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
@@ -176,14 +179,13 @@ class RunningRelay:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.relay.goaway_all(), timeout)
         c = self.relay.counters
-        while c.get("fills_active") + c.get("fetches_active") > 0:
-            if loop.time() >= deadline:
-                log.warning("drain timeout: %d fills and %d fetches cut short",
-                            c.get("fills_active"), c.get("fetches_active"))
-                return False
-            await asyncio.sleep(0.05)  # no event for "last request ended"; cheap to poll
-        commits = [t._commit_task for t in list(self.relay.tracks.values())
-                   if t._commit_task is not None and not t._commit_task.done()]
+        try:
+            await asyncio.wait_for(c.wait_idle(), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            log.warning("drain timeout: %d fills and %d fetches cut short",
+                        c.fill.in_flight.count, c.fetch.in_flight.count)
+            return False
+        commits = pending_commits(list(self.relay.tracks.values()))
         if commits:
             _, pending = await asyncio.wait(commits, timeout=max(0.0, deadline - loop.time()))
             if pending:

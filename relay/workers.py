@@ -44,28 +44,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from relay.admin import PREFIX as ADMIN_PREFIX
-from relay.admin import SIBLING_ROUTES, AdminAuth, BadRequest, content_length, scope_totals
+from relay.admin import SIBLING_ROUTES, AdminAuth
 from relay.core.siblings import read_worker_files
-from relay.metrics import (
-    HeadTooLarge,
-    answer_and_close,
-    parse_headers,
-    read_head,
-    request_target,
-)
+from relay.http import Answer, Listener, read_body, request, text
+from relay.merge import merge_admin_purge, merge_admin_state, merge_metrics
 from relay.service import RelayConfig
 from relay.transport import ensure_self_signed
 from relay.transport.burst import make_socket
 
 log = logging.getLogger("kvcs.relay")
 
-# Gauges that say "yes/no" per process: the aggregate is the largest, not the sum.
-_MAX_NOT_SUM = {"kvcs_relay_draining", "kvcs_relay_upstream_connected"}
 RESTART_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)  # seconds before restarts in a row
 _SCRAPE_TIMEOUT = 3.0
+_ADMIN_TIMEOUT = 30.0  # a worker's purge may wait for its LMDB writer
+_READY_AGAIN_TIMEOUT = 60.0  # a restarted worker not ready by then is left to its own exit
+_READY_POLL = 0.05  # the ready file is written by the worker: no event to wait for
 
 
 def usable_cores() -> int:
@@ -170,7 +164,7 @@ class Supervisor:
         self.sockets: list[socket.socket] = []
         self.workers = [_Worker(i) for i in range(workers)]
         self.stopping = False
-        self._http: asyncio.Server | None = None
+        self._http: Listener | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         # /admin/ requests are refused here, before reaching any worker, when they lack the
         # token; counted into kvcs_relay_admin_unauthorized_total with the workers' own
@@ -257,8 +251,9 @@ class Supervisor:
                 await self._stop_all()
                 return 1
             if self.config.metrics_listen is not None:
-                self._http = await asyncio.start_server(self._serve_http,
-                                                        *self.config.metrics_listen)
+                self._http = Listener(self._route, "supervisor's listener",
+                                      self._head_too_large)
+                await self._http.start(*self.config.metrics_listen)
             self._write_ready_file()
             mhost, mport = self._metrics_address()
             log.info("relay ready on moqt://%s:%d/ with %d workers (pids %s) metrics=%s",
@@ -271,7 +266,7 @@ class Supervisor:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             if self._http is not None:
-                self._http.close()
+                await self._http.close()
             for sock in self.sockets:
                 sock.close()
             for w in self.workers:
@@ -307,13 +302,15 @@ class Supervisor:
 
     async def _note_ready(self, w: _Worker) -> None:
         """Once a restarted worker is ready, the ready file names its new pid."""
-        for _ in range(1200):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _READY_AGAIN_TIMEOUT
+        while loop.time() < deadline:
             if w.index in self._infos():
                 w.failures_in_a_row = 0
                 self._write_ready_file()
                 log.info("worker %d ready again (pid %d)", w.index, w.proc.pid if w.proc else -1)
                 return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(_READY_POLL)
 
     async def _stop_all(self) -> int:
         self.stopping = True
@@ -343,10 +340,9 @@ class Supervisor:
         tmp.replace(path)
 
     def _metrics_address(self) -> tuple[str, int | None]:
-        if self._http is None or not self._http.sockets:
+        if self._http is None:
             return "", None
-        host, port = self._http.sockets[0].getsockname()[:2]
-        return host, port
+        return self._http.address
 
     def _workers_json(self) -> list[dict[str, Any]]:
         infos = self._infos()
@@ -359,8 +355,8 @@ class Supervisor:
     # -- the one /metrics, /healthz, /readyz, /workers ----------------------------------------
 
     async def _get(self, port: int, path: str) -> tuple[int, str]:
-        status, body = await _request(port, "GET", path)
-        return int(status.split(" ", 1)[0]), body.decode("utf-8", "replace")
+        status, body = await request(port, "GET", path, timeout=_SCRAPE_TIMEOUT)
+        return status, body.decode("utf-8", "replace")
 
     async def _scrape_all(self, path: str) -> list[tuple[int, str] | None]:
         infos = self._infos()
@@ -384,59 +380,29 @@ class Supervisor:
         return merge_metrics([a[1] for a in answers if a is not None and a[0] == 200] + [own],
                              up=sum(1 for a in answers if a is not None and a[0] == 200))
 
-    async def _serve_http(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(10.0):  # a stuck client must not hold a task forever
-                try:
-                    lines = await read_head(reader)
-                    status, ctype, body = await self._answer(lines, reader)
-                except HeadTooLarge as e:
-                    method, path = request_target(e.request_line)
-                    if self._auth is not None and path.startswith(ADMIN_PREFIX):
-                        self._refused(method, path, "request head too large")
-                    status, ctype, body = ("431 Request Header Fields Too Large",
-                                           "text/plain", "request head too large\n")
-                payload = body.encode()
-                await answer_and_close(reader, writer, (
-                    f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
-                    f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError,
-                asyncio.LimitOverrunError):
-            pass
-        except Exception:
-            log.exception("request to the supervisor's listener failed")
-        finally:
-            writer.close()
+    def _head_too_large(self, method: str, path: str) -> None:
+        if self._auth is not None and path.startswith(ADMIN_PREFIX):
+            self._refused(method, path, "request head too large")
 
     def _refused(self, method: str, path: str, why: str) -> None:
         self.admin_unauthorized += 1
         log.warning("admin request refused: %s (%s %s)", why, method[:16], path[:64])
 
-    async def _answer(self, lines: list[str], reader: asyncio.StreamReader
-                      ) -> tuple[str, str, str]:
-        method, path = request_target(lines[0] if lines else "")
-        if not path.startswith(ADMIN_PREFIX):
-            return await self._route(path)
-        if self._auth is None:  # off: as if it did not exist, as on a single relay
-            return "404 Not Found", "text/plain", "not found\n"
-        headers = parse_headers(lines[1:])
-        # the token first, from the headers alone, as a single relay does (relay/metrics.py)
-        if not self._auth.authorized(headers):
-            self._refused(method, path, "missing or wrong token")
-            return "401 Unauthorized", "text/plain", "unauthorized\n"
-        try:
-            length = content_length(headers)
-        except BadRequest as e:
-            return "400 Bad Request", "text/plain", f"{e}\n"
-        payload = await reader.readexactly(length) if length else b""
-        return await self._admin(method, path, headers, payload)
-
-    async def _route(self, path: str) -> tuple[str, str, str]:
-        text = "text/plain; charset=utf-8"
+    async def _route(self, method: str, path: str, headers: dict[str, str],
+                     reader: asyncio.StreamReader) -> Answer:
+        if path.startswith(ADMIN_PREFIX):
+            if self._auth is None:  # off: as if it did not exist, as on a single relay
+                return text(404, "not found")
+            # the token first, from the headers alone, as a single relay does
+            if not self._auth.authorized(headers):
+                self._refused(method, path, "missing or wrong token")
+                return text(401, "unauthorized")
+            return await self._admin(method, path, headers, await read_body(headers, reader))
+        if not path or method not in ("GET", "HEAD"):
+            return text(405, "method not allowed")
         if path == "/metrics":
-            return "200 OK", "text/plain; version=0.0.4; charset=utf-8", \
-                await self.metrics_text()
+            return 200, "text/plain; version=0.0.4; charset=utf-8", \
+                (await self.metrics_text()).encode()
         if path in ("/healthz", "/readyz"):
             answers = await self._scrape_all(path)
             bad = [f"worker {i}: {'down' if a is None else a[1].strip()}"
@@ -444,15 +410,15 @@ class Supervisor:
             if self.stopping:
                 bad.append("stopping")
             if bad:
-                return "503 Service Unavailable", text, "\n".join(bad) + "\n"
-            return "200 OK", text, "ok\n"
+                return text(503, "\n".join(bad))
+            # the same words as a single relay's listener (relay/metrics.py)
+            return text(200, "ok" if path == "/healthz" else "ready")
         if path == "/workers":
-            return "200 OK", "application/json", json.dumps(self._workers_json()) + "\n"
-        return "404 Not Found", text, "not found\n"
-
+            return 200, "application/json", (json.dumps(self._workers_json()) + "\n").encode()
+        return text(404, "not found")
 
     async def _admin(self, method: str, path: str, headers: dict[str, str], body: bytes
-                     ) -> tuple[str, str, str]:
+                     ) -> Answer:
         """One admin surface: the request goes to every worker (in index order, so a purge
         reaches them all), and their answers are merged; any worker's refusal is the
         answer (they share one configuration, so they refuse alike).
@@ -462,10 +428,9 @@ class Supervisor:
         a FETCH of a purged Track get DOES_NOT_EXIST on every worker."""
         infos = self._infos()
         if len(infos) < self.n:
-            return "503 Service Unavailable", "text/plain", "a worker is restarting\n"
-        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()
-                        if k in ("authorization", "content-type"))
-        answers = await self._on_every_worker(infos, method, path, extra, body)
+            return text(503, "a worker is restarting")
+        passed = {k: v for k, v in headers.items() if k in ("authorization", "content-type")}
+        answers = await self._on_every_worker(infos, method, path, passed, body)
         if isinstance(answers, tuple):
             return answers
         if path == SIBLING_ROUTES:  # not ours to send, but harmless: merged as the others
@@ -478,132 +443,30 @@ class Supervisor:
             merged = merge_admin_purge(answers)
             if merged["namespaces_done"]:
                 routes = await self._on_every_worker(
-                    infos, "POST", SIBLING_ROUTES, extra,
+                    infos, "POST", SIBLING_ROUTES, passed,
                     json.dumps({"namespaces": merged["namespaces_done"]}).encode())
                 if isinstance(routes, tuple):
                     return routes
-        return "200 OK", "application/json", json.dumps(merged, indent=1) + "\n"
+        return 200, "application/json", (json.dumps(merged, indent=1) + "\n").encode()
 
     async def _on_every_worker(self, infos: dict[int, dict[str, Any]], method: str,
-                               path: str, extra: str, body: bytes
-                               ) -> list[dict[str, Any]] | tuple[str, str, str]:
+                               path: str, headers: dict[str, str], body: bytes
+                               ) -> list[dict[str, Any]] | Answer:
         """Each worker's JSON answer, in index order; or the answer to give instead (the
         first refusal, or 502 for a worker that did not answer)."""
         answers = []
         for i in sorted(infos):
             try:
-                code, text = await _request(int(infos[i]["metrics_port"]), method, path,
-                                            extra=extra, body=body, timeout=30.0)
-                if not code.startswith("200"):
-                    return code, "text/plain", text.decode("utf-8", "replace")
-                answers.append(json.loads(text))
+                code, data = await request(int(infos[i]["metrics_port"]), method, path,
+                                           headers=headers, body=body,
+                                           timeout=_ADMIN_TIMEOUT)
+                if code != 200:
+                    return code, "text/plain; charset=utf-8", data
+                answers.append(json.loads(data))
             except (OSError, TimeoutError, ValueError) as e:
                 log.warning("admin %s %s: worker %d did not answer: %s", method, path, i, e)
-                return "502 Bad Gateway", "text/plain", f"worker {i} did not answer\n"
+                return text(502, f"worker {i} did not answer")
         return answers
-
-
-async def _request(port: int, method: str, path: str, *, extra: str = "",
-                   body: bytes = b"", timeout: float = _SCRAPE_TIMEOUT) -> tuple[str, bytes]:
-    """(status, e.g. "200 OK"; body) of one HTTP/1.0 request to a worker's loopback
-    metrics listener; ``extra`` are header lines, each ending in CRLF."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port),
-                                            _SCRAPE_TIMEOUT)
-    try:
-        writer.write(f"{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{extra}"
-                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), timeout)
-    finally:
-        writer.close()
-    head, _, text = raw.partition(b"\r\n\r\n")
-    status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    return (status_line.split(" ", 1)[1] if " " in status_line else "502 Bad Gateway"), text
-
-
-def merge_admin_state(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every worker's ``GET /admin/state`` as one: sessions and bytes add up, a Track held
-    by several workers is one entry (its tiers and subscribers joined)."""
-    sessions: dict[str, int] = {}
-    tracks: dict[tuple[str, str], dict[str, Any]] = {}
-    namespaces: set[str] = set()
-    for d in docs:
-        for k, v in d["sessions"].items():
-            sessions[k] = sessions.get(k, 0) + v
-        namespaces.update(d["namespaces"])
-        for t in d["tracks"]:
-            key = (t["namespace"], t["name"])
-            have = tracks.get(key)
-            if have is None:
-                tracks[key] = {**t, "bytes": dict(t["bytes"]), "workers": 1}
-                continue
-            have["workers"] += 1
-            have["tiers"] = sorted(set(have["tiers"]) | set(t["tiers"]))
-            have["subscribers"] += t["subscribers"]
-            have["complete"] = have["complete"] or t["complete"]
-            have["live"] = have["live"] or t["live"]
-            for tier, n in t["bytes"].items():
-                have["bytes"][tier] = max(have["bytes"].get(tier, 0), n)
-            if t["largest_object"] and (not have["largest_object"]
-                                        or t["largest_object"] > have["largest_object"]):
-                have["largest_object"] = t["largest_object"]
-    merged = [tracks[k] for k in sorted(tracks)]
-    return {"sessions": sessions, "workers": len(docs), "scopes": scope_totals(merged),
-            "namespaces": sorted(namespaces), "tracks": merged}
-
-
-def merge_admin_purge(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every worker's ``POST /admin/purge`` answer as one."""
-    removed: dict[tuple[str, str], dict[str, Any]] = {}
-    for d in docs:
-        for r in d["removed"]:
-            have = removed.setdefault((r["namespace"], r["name"]), {**r, "tiers": []})
-            have["tiers"] = sorted(set(have["tiers"]) | set(r["tiers"]))
-    return {"prefix": docs[0]["prefix"] if docs else "",
-            "removed": [removed[k] for k in sorted(removed)],
-            "subscriptions_ended": sum(d["subscriptions_ended"] for d in docs),
-            "namespaces_done": sorted({ns for d in docs for ns in d["namespaces_done"]})}
-
-
-def merge_metrics(texts: list[str], *, up: int) -> str:
-    """The workers' Prometheus text expositions as one: samples with the same name and
-    labels are summed (counters, gauges of amounts, histogram buckets and sums), yes/no
-    gauges take the largest value."""
-    families: dict[str, tuple[str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
-    for text in texts:
-        for fam in text_string_to_metric_families(text):
-            _, _, samples = families.setdefault(fam.name, (fam.type, fam.documentation, {}))
-            for s in fam.samples:
-                if s.name.endswith("_created"):
-                    continue  # a creation time per process: nothing to add up
-                key = (s.name, tuple(sorted(s.labels.items())))
-                if fam.name in _MAX_NOT_SUM:
-                    samples[key] = max(samples.get(key, s.value), s.value)
-                else:
-                    samples[key] = samples.get(key, 0.0) + s.value
-    out = ["# HELP kvcs_relay_workers_up Relay workers that answered this scrape.",
-           "# TYPE kvcs_relay_workers_up gauge", f"kvcs_relay_workers_up {up}"]
-    for name, (mtype, doc, samples) in families.items():
-        out.append(f"# HELP {name} {_escape_help(doc)}")
-        out.append(f"# TYPE {name} {mtype}")
-        for (sname, labels), value in samples.items():
-            lbl = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
-            out.append(f"{sname}{{{lbl}}} {_fmt(value)}" if lbl else f"{sname} {_fmt(value)}")
-    return "\n".join(out) + "\n"
-
-
-def _escape_help(s: str) -> str:
-    return s.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _escape_label(s: str) -> str:
-    return s.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _fmt(v: float) -> str:
-    if v == float("inf"):
-        return "+Inf"
-    return repr(int(v)) if v.is_integer() else repr(v)
 
 
 async def supervise(config: RelayConfig, workers: int, env: dict[str, str]) -> int:

@@ -40,7 +40,7 @@ class CorruptGroupError(StorageError):
 
 
 def group_size(objects: Sequence[StoredObject]) -> int:
-    """Length of the Group value `encode_group` writes for `objects`."""
+    """Length of the Group value `encode_group_into` writes for `objects`."""
     return (_HEADER.size + len(objects) * _ENTRY.size
             + sum(len(o.properties) + len(o.payload) for o in objects))
 
@@ -72,13 +72,6 @@ def encode_group_into(scratch: bytearray, objects: Sequence[StoredObject]) -> in
             scratch[offset:offset + dlen] = obj.payload
             offset += dlen
     return size
-
-
-def encode_group(objects: Sequence[StoredObject]) -> bytes:
-    """The Group value for `objects` as a new `bytes`."""
-    scratch = bytearray()
-    size = encode_group_into(scratch, objects)
-    return bytes(scratch[:size])
 
 
 class GroupView:
@@ -132,15 +125,6 @@ class GroupView:
 
     def objects(self) -> Iterator[StoredObject]:
         return self.objects_between(0, OBJECT_MAX)
-
-    def data_span(self, lo: int, hi: int) -> memoryview:
-        """Properties + payload bytes of Objects lo..hi back to back (one slice, no copy)."""
-        i, j = self._span(lo, hi)
-        if i >= j:
-            return self._buf[0:0]
-        first = _ENTRY.unpack_from(self._buf, _HEADER.size + i * _ENTRY.size)
-        last = _ENTRY.unpack_from(self._buf, _HEADER.size + (j - 1) * _ENTRY.size)
-        return self._buf[first[2]:last[2] + last[3] + last[4]]
 
 
 def encode_track_name(track: TrackKey) -> bytes:

@@ -1,7 +1,9 @@
 """Record types and the read/write contract shared by the storage tiers.
 
-The storage package sits *below* the relay and never imports from `relay/`; the few MOQT
-notions it needs (Location, Object Status, Group Order) are defined here again.
+The storage package sits *below* the relay core: of `relay/` it imports only the MOQT
+vocabulary of the sans-IO codec (Location, Object Status, Group Order, the vi64 bound), so the
+relay and its store speak one vocabulary and nothing converts between them
+(tests/test_layers.py).
 
 Invariants every tier keeps:
 
@@ -19,38 +21,21 @@ Invariants every tier keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import NamedTuple, Protocol, TypeAlias
+from typing import NamedTuple, TypeAlias
 
-OBJECT_MAX = 2**64 - 1
+# re-exported: the tiers take them from here
+from relay.moqt.codes import GroupOrder as GroupOrder
+from relay.moqt.codes import ObjectStatus
+from relay.moqt.primitives import Location
+from relay.moqt.vi64 import MAX_VI64
+
+OBJECT_MAX = MAX_VI64
 """Largest vi64 value: an end Location {g, OBJECT_MAX} means "up to the end of Group g"."""
 
-
-class Location(NamedTuple):
-    """MOQT Location {Group, Object}; tuple order is the spec's lexicographic order (§2.3)."""
-
-    group: int
-    object: int
-
-
 ORIGIN = Location(0, 0)
-
-
-class ObjectStatus(IntEnum):
-    """MOQT Object Status values a cache keeps (§11.4)."""
-
-    NORMAL = 0
-    END_OF_GROUP = 3
-    END_OF_TRACK = 4
-
-
-class GroupOrder(IntEnum):
-    """GROUP_ORDER parameter values (§6.1); Objects are ascending inside a Group either way."""
-
-    ASCENDING = 1
-    DESCENDING = 2
 
 
 class SpanKind(IntEnum):
@@ -203,38 +188,3 @@ def normalize_ranges(ranges: IdRanges | None) -> list[tuple[int, int]]:
         else:
             out.append((lo, hi))
     return out
-
-
-class ObjectStore(Protocol):
-    """The read side both tiers offer; `storage.tiered.TieredStore` combines them."""
-
-    def largest_object(self, track: TrackKey) -> Location | None: ...
-
-    def known_final(self, track: TrackKey) -> Location | None:
-        """Location of the End of Track Object, if known."""
-        ...
-
-    def is_complete(self, track: TrackKey) -> bool: ...
-
-    def group_end(self, track: TrackKey, group: int) -> int | None:
-        """Object ID of the Group's End of Group Object (IDs >= it do not exist), if known."""
-        ...
-
-    def read(self, track: TrackKey, start: Location, end: Location | None = None,
-             order: GroupOrder = GroupOrder.ASCENDING,
-             object_ids: IdRanges | None = None) -> Iterator[StoredObject]:
-        """Stored Objects (status Objects included) in [start, end]; end None = Largest."""
-        ...
-
-    def walk(self, track: TrackKey, start: Location, end: Location | None = None,
-             order: GroupOrder = GroupOrder.ASCENDING, object_ids: IdRanges | None = None,
-             include_status: bool = False) -> Iterator[WalkItem]:
-        """Objects and Spans covering [start, end] in stream order (see `Span`)."""
-        ...
-
-
-def objects_only(items: Iterable[WalkItem]) -> Iterator[StoredObject]:
-    """Drop the Spans of a walk."""
-    for item in items:
-        if not isinstance(item, Span):
-            yield item

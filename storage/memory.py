@@ -282,7 +282,8 @@ class MemoryStore:
         return min(times) if times else None
 
     def discard_group(self, track: TrackKey, group: int) -> bool:
-        """Drop one held Group as if evicted (its Locations become unknown); pins are ignored."""
+        """Drop one held Group as if evicted (its Locations become unknown); pins are ignored.
+        Expiry uses it; tests use it to make a Group unknown without filling the tier."""
         st = self._tracks.get(track)
         if st is None:
             return False
@@ -445,13 +446,8 @@ class MemoryStore:
     def _drop_expired(self, st: _TrackState, grp: MemoryGroup, key: _GroupKey) -> None:
         """MAX_CACHE_DURATION passed: the Group leaves the tier like an evicted one (its
         Locations are unknown again), pinned or not — it must not be served any more."""
-        if key in self._cache:
-            del self._cache[key]
-            self._lru_drop(st, key)
-        elif self._parked.pop(key, None) is not None:
-            self._parked_bytes -= grp.nbytes
-        self.expired_groups += 1
-        self._forget_group(st.track, st, key[1], grp)
+        if self.discard_group(st.track, key[1]):
+            self.expired_groups += 1
 
     def _check(self, st: _TrackState, grp: MemoryGroup | None, obj: StoredObject,
                loc: Location) -> AppendResult | None:

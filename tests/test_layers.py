@@ -91,3 +91,14 @@ def test_the_session_modules_import_no_cycle() -> None:
     for n in sorted(graph):
         if state[n] == 0:
             visit(n)
+
+
+
+def test_the_reference_peers_never_import_the_relay_core() -> None:
+    """The publisher and subscriber are clients of a relay: what they share with the relay
+    (the session, the token a client presents) lives below both."""
+    offenders = [f"{path.relative_to(ROOT)}: {name}"
+                 for path in sorted((ROOT / "relay" / "peers").rglob("*.py"))
+                 for name in _imports(path, _module(path))
+                 if name.startswith(("relay.core", "relay.service", "relay.workers"))]
+    assert offenders == []

@@ -164,7 +164,7 @@ class UpwardAnnouncer:
         if not self.covered(prefix):
             if prefix not in self._refused:
                 self._refused.add(prefix)
-                self.relay.counters.inc("upstream_announcements_uncovered")
+                self.relay.counters.upstream_announcements_uncovered += 1
                 log.info("not announced upstream (the upstream token does not cover it): %s",
                          format_namespace(prefix))
             return
@@ -182,7 +182,7 @@ class UpwardAnnouncer:
                 del self._sent[prefix]
                 if e.code == RequestErrorCode.UNAUTHORIZED:
                     self._refused.add(prefix)  # not asked again on this session
-            self.relay.counters.inc("upstream_announcements_refused")
+            self.relay.counters.upstream_announcements_refused += 1
             log.warning("upstream relay refused the announcement of %s: %s (0x%x); it is "
                         "served here only", format_namespace(prefix), e.reason, e.code)
             return
@@ -196,7 +196,6 @@ class UpwardAnnouncer:
             handle.withdraw()  # no longer wanted, or the session was replaced meanwhile
             return
         self._sent[prefix] = handle
-        self.relay.counters.inc("upstream_announcements")
         log.info("announced to the upstream relay: %s", format_namespace(prefix))
 
     async def close(self) -> None:

@@ -16,11 +16,9 @@ subscribe to (§14.4, kvcs-draft 3.1).
 from __future__ import annotations
 
 import hmac
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
 from relay.moqt.primitives import TrackNamespace, namespace_matches_prefix
 from relay.moqt.token import Token
@@ -46,19 +44,6 @@ def parse_prefix(text: str) -> TrackNamespace:
             continue
         fields.append(bytes.fromhex(part[4:]) if part.startswith("hex:") else part.encode())
     return tuple(fields)
-
-
-def read_token_file(path: str | os.PathLike[str]) -> bytes:
-    """The token a client presents (peers' ``--token``, the relay's ``--upstream-token``):
-    the file's text, surrounding whitespace removed. Tokens come from files, never from a
-    flag (visible in ``ps``). Raises ValueError with a one-line reason."""
-    try:
-        token = Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    if not token or any(c.isspace() for c in token):
-        raise ValueError(f"{path} must hold exactly one token")
-    return token.encode()
 
 
 class Authorizer:
@@ -110,8 +95,3 @@ class Authorizer:
 def token_values(tokens: Iterable[Token]) -> list[bytes]:
     """The Token Values of USE_VALUE / REGISTER tokens (aliases are not used, §6.6)."""
     return [bytes(t.value) for t in tokens if getattr(t, "value", None) is not None]
-
-
-def tokens_of(value: bytes | None) -> tuple[Token, ...]:
-    """The AUTHORIZATION_TOKEN Setup Option a client sends for ``value`` (none: none)."""
-    return (Token.use_value(value),) if value else ()

@@ -31,6 +31,7 @@ from relay.session import RequestCancelled, ServedSubscription, SubgroupWriter
 from relay.transport import SendStream, TransportError
 from storage.interface import StoredObject
 
+from .counters import Counters
 from .scheduler import DEFAULT_PUBLISHER_PRIORITY, DEFAULT_SUBSCRIBER_PRIORITY, SessionScheduler
 
 log = logging.getLogger("kvcs.relay")
@@ -83,7 +84,7 @@ class Forwarder:
         self._done_status: int | None = None
         self._done_reason = ""
         self._holds = 0
-        self.counters: Any = None  # the Relay's Counters (objects sent, too far behind)
+        self.counters: Counters | None = None  # the Relay's (objects sent, too far behind)
 
     # Forward and Subscriber Priority are the subscription's (REQUEST_UPDATE changes them
     # there); until it is attached, what the SUBSCRIBE asked for.
@@ -248,8 +249,8 @@ class Forwarder:
             props = bytes(obj.properties) if obj.properties else None
             await w.write_object(obj.object_id, obj.payload, properties=props)
             if self.counters is not None:
-                self.counters.inc("objects_sent")
-                self.counters.inc("bytes_sent", len(obj.payload))
+                self.counters.objects_sent += 1
+                self.counters.bytes_sent += len(obj.payload)
         else:
             await w.write_status(obj.object_id, ObjectStatus(obj.status))
 
@@ -300,7 +301,7 @@ class Forwarder:
     def too_far_behind(self) -> None:
         log.info("a subscription is too far behind (%d bytes queued): ending it", self.backlog)
         if self.counters is not None:
-            self.counters.inc("too_far_behind")
+            self.counters.too_far_behind += 1
         self.close()
         for down in self._streams.values():
             if down.writer is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from relay.moqt.codes import (
     GroupOrder,
@@ -40,16 +40,17 @@ from relay.session import (
     IncomingTrackStatus,
     MoqtSession,
     RequestRejected,
+    ServedSubscription,
     SessionHandler,
 )
 from relay.session.errors import SessionFailure
+from relay.session.requests import IncomingRequest, IncomingTrackRequest
 from relay.transport import TransportError
-from storage.interface import OBJECT_MAX, Tier
+from storage.interface import OBJECT_MAX
 
 from . import cache
 from .announce import AnnouncedAuthority
 from .auth import Authorizer, Role, token_values
-from .cache import relay_location
 from .forwarder import Forwarder
 from .namespaces import NamespaceListener, PublisherEntry, Reach, not_from, own_source
 from .scheduler import DEFAULT_SUBSCRIBER_PRIORITY, ScheduledWriter, SessionScheduler
@@ -61,6 +62,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvcs.relay")
 
+
+
+def _moqt_session(req: IncomingRequest | ServedSubscription) -> MoqtSession:
+    """The MOQT session of a request the relay serves (the session layer types it by its
+    base class: every session the relay accepts is a MoqtSession)."""
+    return cast(MoqtSession, req.session)
 
 
 def _tokens(session: MoqtSession | None, params: Params) -> list[bytes]:
@@ -129,7 +136,7 @@ class RelayHandler(SessionHandler):
 
     def _fetch_upstream(self, track: RelayTrack, start: Location, end: Location
                         ) -> Awaitable[bool]:
-        return self.relay.fetch_upstream(track, start, end, reach=self.reach)
+        return self.relay.routing.fetch_upstream(track, start, end, reach=self.reach)
 
     def attach(self, session: MoqtSession) -> None:
         self.session = session
@@ -137,21 +144,18 @@ class RelayHandler(SessionHandler):
     def answered(self, req: Any, code: int | None) -> None:
         if self.sibling:
             return  # the relay's own traffic between its workers is not a client request
-        self.relay.counters.inc(f"request_{req.TYPE.name}_{'ok' if code is None else code}")
-
-    def _sess(self, req: Any) -> MoqtSession:
-        return req.session  # type: ignore[no-any-return]
+        self.relay.counters.answered(req.TYPE.name, code)
 
     def scheduler(self, session: MoqtSession) -> SessionScheduler:
         if self._scheduler is None:
             self._scheduler = SessionScheduler(session.spawn)
         return self._scheduler
 
-    async def _refuse(self, req: Any, code: int, reason: str) -> None:
+    async def _refuse(self, req: IncomingTrackRequest, code: int, reason: str) -> None:
         """REQUEST_ERROR; a refusal because the upstream relay is unreachable is counted
         (upstream_unreachable) and logged, so an outage is visible, not a missing Track."""
         if reason == UNREACHABLE:
-            self.relay.counters.inc("upstream_unreachable")
+            self.relay.counters.upstream_unreachable += 1
             log.warning("%s %s refused: upstream relay unreachable", req.TYPE.name,
                         format_full_track_name(*req.full_name))
         await req.reject(code, reason)
@@ -163,15 +167,15 @@ class RelayHandler(SessionHandler):
             return AnnouncedAuthority(self.relay.announcer)
         return self.relay.auth
 
-    def _allowed(self, req: Any, role: Role, namespace: TrackNamespace) -> bool:
-        ok = self.auth.allows(role, namespace, _tokens(self._sess(req), req.params))
+    def _allowed(self, req: IncomingRequest, role: Role, namespace: TrackNamespace) -> bool:
+        ok = self.auth.allows(role, namespace, _tokens(_moqt_session(req), req.params))
         if not ok:
-            self.relay.counters.inc("auth_failures")
+            self.relay.counters.auth_failures += 1
         return ok
 
     # -- publishers -------------------------------------------------------------------------------
 
-    async def _downward(self, req: Any) -> bool:
+    async def _downward(self, req: IncomingRequest) -> bool:
         """Publishing toward us from our upstream relay is refused: a tree announces up
         only, so routes never loop."""
         if self.reach is not Reach.OWN:
@@ -185,12 +189,12 @@ class RelayHandler(SessionHandler):
         if not self._allowed(req, Role.PUBLISH, req.namespace):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized to publish there")
             return
-        session = self._sess(req)
+        session = _moqt_session(req)
         entry = PublisherEntry(req.namespace, session)
         await req.accept()
         self.relay.namespaces.add_publisher(entry)
         # a lower relay announcing: learn the namespaces it holds under the prefix
-        stop = self.relay.follow_child(session, req.namespace)
+        stop = self.relay.routing.follow_child(session, req.namespace)
         try:
             await req.withdrawn.wait()
         finally:
@@ -206,7 +210,6 @@ class RelayHandler(SessionHandler):
         relay = self.relay
         track = relay.track(req.full_name)
         sub = await req.accept()
-        relay.counters.inc("publish_accepted")
         if relay.push is not None and self.reach is Reach.ALL:
             # before the Track ingests anything: the push misses no Object
             await relay.push.start(track, tuple(sub.track_properties or ()))
@@ -222,11 +225,11 @@ class RelayHandler(SessionHandler):
     # -- discovery --------------------------------------------------------------------------------
 
     async def subscribe_namespace(self, req: IncomingSubscribeNamespace) -> None:
-        session = self._sess(req)
+        session = _moqt_session(req)
         tokens = _tokens(session, req.params)
         auth = self.auth
         if not auth.allows_prefix(Role.SUBSCRIBE, req.prefix, tokens):
-            self.relay.counters.inc("auth_failures")
+            self.relay.counters.auth_failures += 1
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that prefix")
             return
         table = self.relay.namespaces
@@ -238,7 +241,7 @@ class RelayHandler(SessionHandler):
         # a sibling worker hears of what this worker has but from siblings, the upstream
         # relay of what this relay has as its own, a client of everything but its own
         # announcements (a lower relay is not told back what it announced)
-        shows = {Reach.NO_SIBLINGS: relay.not_sibling, Reach.OWN: own_source}.get(
+        shows = {Reach.NO_SIBLINGS: relay.routing.not_sibling, Reach.OWN: own_source}.get(
             self.reach, not_from(session))
         text_only = _text_only(session)
         listener = NamespaceListener(
@@ -249,7 +252,7 @@ class RelayHandler(SessionHandler):
         for ns in table.add_listener(listener):
             queue.put_nowait((ns, True))
         if self.reach is Reach.ALL:
-            await relay.subscribe_namespace_upstream(req.prefix)
+            await relay.routing.subscribe_namespace_upstream(req.prefix)
         try:
             while not req.cancelled.is_set():
                 get = asyncio.ensure_future(queue.get())
@@ -279,14 +282,14 @@ class RelayHandler(SessionHandler):
             await req.reject(RequestErrorCode.DOES_NOT_EXIST, "reserved namespace")
             return
         track = relay.track(req.full_name)
-        err = await relay.ensure_upstream(track, reach=self.reach)
+        err = await relay.routing.ensure_upstream(track, reach=self.reach)
         ended = err is not None and track.store.known_final(track.key) is not None
         if err is not None and not ended:
-            err = relay.in_outage(track, err)
+            err = relay.routing.in_outage(track, err)
             relay.forget_if_idle(track)
             await self._refuse(req, err.code, err.reason)
             return
-        session = self._sess(req)
+        session = _moqt_session(req)
         params = req.params
         # L, the live start and the Forwarder's registration happen with no await between
         # them, so no Object above L can be missed or sent twice (§9.6).
@@ -310,7 +313,6 @@ class RelayHandler(SessionHandler):
         served.on_update_failed = lambda e: fwd.end_subscription(PublishDoneCode.UPDATE_FAILED,
                                                                   e.reason)
         fwd.counters = relay.counters
-        relay.counters.inc("subscriptions")
         if fill_wanted:
             assert largest is not None
             try:
@@ -325,10 +327,10 @@ class RelayHandler(SessionHandler):
             # The upstream ended while we answered, or the Track had ended before: a relay
             # holding an ended Track answers from cache and ends the subscription at once
             # rather than refusing it (see docs/relay.md).
-            fwd.upstream_done(0x2, "track ended")
+            fwd.upstream_done(PublishDoneCode.TRACK_ENDED, "track ended")
         await fwd.wait_finished(served.cancelled)
 
-    async def _on_update(self, track: RelayTrack, served: Any, fwd: Forwarder,
+    async def _on_update(self, track: RelayTrack, served: ServedSubscription, fwd: Forwarder,
                          msg: Any) -> Params:
         """REQUEST_UPDATE on a downstream subscription (§7.5): Forward and priority changes
         apply to the Forwarder; a new Location filter moves its window; FILL_PARAMETERS opens
@@ -360,10 +362,6 @@ class RelayHandler(SessionHandler):
         return Params(largest_object=largest)
 
     @staticmethod
-    def _sess_of(served: Any) -> MoqtSession:
-        return served.session  # type: ignore[no-any-return]
-
-    @staticmethod
     def _group_end_after_fill(track: RelayTrack, fwd: Forwarder, largest: Location) -> None:
         """L is an End of Group the fill covered and the live part starts right after:
         say on the live path that the Group is over (see Forwarder.announce_group_end)."""
@@ -372,7 +370,7 @@ class RelayHandler(SessionHandler):
         if eog is not None and eog.status == ObjectStatus.END_OF_GROUP and not eog.datagram:
             fwd.announce_group_end(eog.group, eog.subgroup, eog.priority)
 
-    async def _serve_fill(self, track: RelayTrack, served: Any, params: Params,
+    async def _serve_fill(self, track: RelayTrack, served: ServedSubscription, params: Params,
                           largest: Location, priority: int, request_id: int | None = None
                           ) -> Location | None:
         """Open the fill fetch stream now; walk and write it in a task of the session, in
@@ -395,7 +393,7 @@ class RelayHandler(SessionHandler):
             stream = await served.open_fill(request_id, group_order=order)
         except (TransportError, SessionFailure):
             return None
-        session = self._sess_of(served)
+        session = _moqt_session(served)
         writer = ScheduledWriter(stream, self.scheduler(session),
                                  fill.subscriber_priority if fill.subscriber_priority is not None
                                  else priority)
@@ -408,25 +406,21 @@ class RelayHandler(SessionHandler):
                           end: Location, order: GroupOrder, flt: ObjectFilter | None,
                           timeout: float) -> None:
         lease = track.store.pin(track.key, start.group, end.group)
-        started = asyncio.get_running_loop().time()
-        self.relay.counters.inc("fills_active")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        served = self.relay.counters.fill
         try:
-            stats = await track.serve_range(writer, start, end, order, flt, timeout,
-                                            self._fetch_upstream,
-                                            self.relay.options.in_flight_wait)
-            if not stats.reset:
-                await writer.finish()
-            self._count_tiers("fill", stats.by_tier)
-            self.relay.counters.served("fill", stats, started)
+            with served.in_flight.one():
+                stats = await track.serve_range(writer, start, end, order, flt, timeout,
+                                                self._fetch_upstream,
+                                                self.relay.options.in_flight_wait)
+                if not stats.reset:
+                    await writer.finish()
+                served.done(stats, loop.time() - started)
         except TransportError:
             pass
         finally:
-            self.relay.counters.inc("fills_active", -1)
             lease.release()
-
-    def _count_tiers(self, what: str, by_tier: dict[Tier, int]) -> None:
-        for tier, n in by_tier.items():
-            self.relay.counters.inc(f"{what}_objects_{tier.name.lower()}", n)
 
     # -- FETCH ------------------------------------------------------------------------------------
 
@@ -468,16 +462,16 @@ class RelayHandler(SessionHandler):
             largest = end
         if largest is None:
             relay.forget_if_idle(track)
-            err = relay.unreachable_error() if self.reach is not Reach.OWN else None
+            err = relay.routing.unreachable_error() if self.reach is not Reach.OWN else None
             if unanswered or err is not None:
-                err = relay.in_outage(track, RequestRejected(RequestErrorCode.TIMEOUT,
+                err = relay.routing.in_outage(track, RequestRejected(RequestErrorCode.TIMEOUT,
                                                              UNREACHABLE))
                 await self._refuse(req, err.code, err.reason)
                 return
             refusal = RequestRejected(RequestErrorCode.DOES_NOT_EXIST
-                                      if not relay._sources(req.namespace, self.reach) else
+                                      if not relay.routing.sources(req.namespace, self.reach) else
                                       RequestErrorCode.INVALID_RANGE, "nothing published")
-            relay.learned(track, refusal)  # asked and answered: absent, as far as we know
+            relay.routing.learned(track, refusal)  # asked and answered: absent, as far as we know
             await req.reject(refusal.code, refusal.reason)
             return
         rng = resolve_fetch_range(lf, largest)
@@ -492,32 +486,30 @@ class RelayHandler(SessionHandler):
                 end.group == lf.end_group:
             end = await self._group_end_location(track, rng.start, end,
                                                  max(0.0, deadline - loop.time()))
-        final = relay_location(track.store.known_final(track.key))
+        final = track.store.known_final(track.key)
         end_of_track = final is not None and final <= end and \
             end >= largest
         started = asyncio.get_running_loop().time()
         writer = ScheduledWriter(await req.accept(end_of_track, end, _props(track, params)),
-                                 self.scheduler(self._sess(req)),
+                                 self.scheduler(_moqt_session(req)),
                                  params.subscriber_priority
                                  if params.subscriber_priority is not None
                                  else DEFAULT_SUBSCRIBER_PRIORITY)
         lease = track.store.pin(track.key, rng.start.group, end.group)
-        relay.counters.inc("fetches_active")
+        served = relay.counters.fetch
         try:
-            stats = await track.serve_range(writer, rng.start, end, req.group_order,
-                                            ObjectFilter.of(params.range_filters),
-                                            max(0.0, deadline - loop.time()),
-                                            self._fetch_upstream,
-                                            relay.options.in_flight_wait)
-            if not stats.reset:
-                await writer.finish()
-            relay.counters.inc("fetches")
-            self._count_tiers("fetch", stats.by_tier)
-            relay.counters.served("fetch", stats, started)
+            with served.in_flight.one():
+                stats = await track.serve_range(writer, rng.start, end, req.group_order,
+                                                ObjectFilter.of(params.range_filters),
+                                                max(0.0, deadline - loop.time()),
+                                                self._fetch_upstream,
+                                                relay.options.in_flight_wait)
+                if not stats.reset:
+                    await writer.finish()
+                served.done(stats, loop.time() - started)
         except TransportError:
             pass
         finally:
-            relay.counters.inc("fetches_active", -1)
             lease.release()
 
     async def _group_end_location(self, track: RelayTrack, start: Location, end: Location,
@@ -568,12 +560,12 @@ class RelayHandler(SessionHandler):
         track = relay.track(req.full_name)
         err = None
         if track.largest() is None:
-            err = await relay.track_status_upstream(track, reach=self.reach)
+            err = await relay.routing.track_status_upstream(track, reach=self.reach)
         largest = track.largest()
         if largest is None:
             relay.forget_if_idle(track)
             if err is not None:
-                err = relay.in_outage(track, err)
+                err = relay.routing.in_outage(track, err)
                 await self._refuse(req, err.code, err.reason)
                 return
             await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no such track")

@@ -38,6 +38,8 @@ class Reach(Enum):
     OWN = "own"
 
 
+CACHE = "cache"  # the namespace source of Tracks the relay itself holds in LMDB
+
 @dataclass(eq=False)
 class PublisherEntry:
     """One source of a namespace: a publisher session, the relay's own cache, or a relay

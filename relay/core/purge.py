@@ -66,7 +66,7 @@ async def purge(relay: Relay, prefix: TrackNamespace) -> PurgeResult:
     result = PurgeResult()
     keys = sorted(k for k in known_tracks(relay) if namespace_matches_prefix(k[0], prefix))
     # Under the commit lock: no commit in flight can write a purged Track back to LMDB.
-    async with relay._commit_lock:
+    async with relay.persistence.lock:
         for key in keys:
             tiers = tiers_of(relay, key)
             result.subscriptions_ended += await _stop_track(relay, FullTrackName(*key))
@@ -77,12 +77,13 @@ async def purge(relay: Relay, prefix: TrackNamespace) -> PurgeResult:
             result.removed.append(Removed(key, sorted(tiers), sum(tiers.values())))
     purged_ns = {k[0] for k in keys}
     for ns in list(relay.namespaces.namespaces()):
-        if namespace_matches_prefix(ns, prefix) and (ns in purged_ns or ns in relay._cached_ns):
-            relay._cached_ns.pop(ns, None)
-            relay._kept_ns.pop(ns, None)
+        if namespace_matches_prefix(ns, prefix) and (
+                ns in purged_ns or ns in relay.persistence.cached):
+            relay.persistence.forget_namespace(ns)
+            relay.routing.forget_kept_namespace(ns)
             if relay.namespaces.remove_namespace(ns):
                 result.namespaces_done.append(ns)
-    relay.counters.inc("admin_purged_tracks", len(result.removed))
+    relay.counters.admin_purged_tracks += len(result.removed)
     return result
 
 
@@ -91,7 +92,7 @@ async def _stop_track(relay: Relay, name: FullTrackName) -> int:
     track = relay.tracks.pop(name, None)
     if track is None:
         return 0
-    track._on_commit = None  # never committed again, whatever arrives before the end
+    track.stop_committing()
     ended = 0
     for f in list(track.forwarders):
         f.upstream_done(PublishDoneCode.EXPIRED, "purged by the operator")

@@ -52,7 +52,7 @@ class UpstreamPush:
         relay = self.relay
         up = await relay.upstream.get() if relay.upstream is not None else None
         if up is None:
-            relay.counters.inc("upstream_pushes_failed")
+            relay.counters.upstream_pushes_failed += 1
             return
         fwd = Forwarder(Params(forward=True), self._scheduler(up), Location(0, 0), None,
                         max_backlog=relay.options.max_backlog_bytes,
@@ -71,10 +71,10 @@ class UpstreamPush:
                 relay.options.default_fill_timeout)
         except (RequestRejected, SessionFailure, TransportError, TimeoutError) as e:
             fwd.close()
-            relay.counters.inc("upstream_pushes_failed")
+            relay.counters.upstream_pushes_failed += 1
             log.warning("push of %s upstream refused or failed: %s; it is served here only",
                         format_full_track_name(*name), e or "no answer in time")
             return
         fwd.attach(served)
-        relay.counters.inc("upstream_pushes")
+        relay.counters.upstream_pushes += 1
         await fwd.wait_finished(served.cancelled)

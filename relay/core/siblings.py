@@ -89,7 +89,7 @@ class SiblingLinks:
                 ca_file=os.fspath(self.ca_file)), LINK_CONNECT_TIMEOUT)
             nsub = await asyncio.wait_for(session.subscribe_namespace(()),
                                           LINK_CONNECT_TIMEOUT)
-            self.relay.add_sibling(session, nsub)
+            self.relay.routing.add_sibling(session, nsub)
             log.info("linked to sibling worker %d (%s)", idx, url)
             await session.wait_closed()
             log.info("link to sibling worker %d closed", idx)

@@ -46,7 +46,8 @@ from storage.interface import (
 )
 
 from . import cache
-from .cache import relay_location, status_object, stored_object
+from .cache import status_object, stored_object
+from .counters import Counters
 
 if TYPE_CHECKING:
     from storage.tiered import TieredStore
@@ -187,7 +188,7 @@ class RelayTrack:
         self.absent: list[tuple[Location, Location]] = []
         self.properties: tuple[Any, ...] = ()  # Track Properties from upstream (§12)
         self._commit_again = False
-        self.counters: Any = None  # the Relay's Counters (objects received)
+        self.counters: Counters | None = None  # the Relay's (objects received)
 
     def __repr__(self) -> str:
         return f"<RelayTrack {format_full_track_name(*self.full_name)}>"
@@ -202,7 +203,7 @@ class RelayTrack:
 
     def largest(self) -> Location | None:
         """The relay's Largest Object: never less than what upstream reported (§6.3)."""
-        loc = relay_location(self.store.largest_object(self.key))
+        loc = self.store.largest_object(self.key)
         up = self.upstream_largest
         if loc is None:
             return up
@@ -302,8 +303,8 @@ class RelayTrack:
     def _on_object(self, ev: ReceivedObject, seen_streams: set[int]) -> None:
         obj = stored_object(ev)
         if self.counters is not None and ev.status == ObjectStatus.NORMAL:
-            self.counters.inc("objects_received")
-            self.counters.inc("bytes_received", len(ev.payload))
+            self.counters.objects_received += 1
+            self.counters.bytes_received += len(ev.payload)
         try:
             result = self.store.append(self.key, obj)
         except ConflictError as e:
@@ -343,6 +344,16 @@ class RelayTrack:
             log.warning("%r is malformed: %s", self, e)
             self.malformed = True
         self._bump()
+
+    @property
+    def pending_commit(self) -> asyncio.Future[None] | None:
+        """The LMDB commit under way (or waiting to retry), if any."""
+        task = self._commit_task
+        return task if task is not None and not task.done() else None
+
+    def stop_committing(self) -> None:
+        """Never committed again, whatever arrives (a purge took the Track)."""
+        self._on_commit = None
 
     def maybe_commit(self) -> None:
         """Once End of Track is known, try to persist after every Group-level event: the End
@@ -562,7 +573,7 @@ class RelayTrack:
             for obj in cache.read(r, self.key, Location(group, 0),
                                   Location(group, OBJECT_MAX)):
                 last = obj.location
-        return relay_location(last)
+        return last
 
     def append_fetched(self, obj: StoredObject) -> None:
         """An Object learned from an upstream FETCH (cached like any other, §14.6 step 5)."""

@@ -22,7 +22,6 @@ which adds that dtype's own rounding.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -72,13 +71,6 @@ def section(cache: np.ndarray, layer: int, block: int, block_tokens: int) -> np.
 def raw_section(cache: np.ndarray, layer: int, block: int, block_tokens: int) -> bytes:
     """The raw K (or V) section of block ``block`` in layer ``layer`` (KVSP-PROFILE 5)."""
     return le_bytes(section(cache, layer, block, block_tokens))
-
-
-def layer_digest(raw_k: bytes | memoryview, raw_v: bytes | memoryview) -> bytes:
-    """layer_digest(i, l) = SHA-256(raw_K(i, l) || raw_V(i, l))."""
-    h = hashlib.sha256(raw_k)
-    h.update(raw_v)
-    return h.digest()
 
 
 # -- int8 ----------------------------------------------------------------------------------------

@@ -125,12 +125,6 @@ def canonical_json(doc: Mapping[str, Any]) -> bytes:
                       allow_nan=False).encode("utf-8")
 
 
-def compat_id_of(doc: Mapping[str, Any]) -> bytes:
-    """compat_id = SHA-256("KVSP-compat-v1" || 0x00 || canonical_json), after validation."""
-    valid = validate_descriptor(doc)
-    return hashlib.sha256(COMPAT_LABEL + b"\x00" + canonical_json(valid)).digest()
-
-
 class Descriptor:
     """A validated Compatibility Descriptor with typed access to the members KVCS uses.
 
@@ -165,6 +159,7 @@ class Descriptor:
 
     @property
     def compat_id(self) -> bytes:
+        """compat_id = SHA-256("KVSP-compat-v1" || 0x00 || canonical_json)."""
         return hashlib.sha256(COMPAT_LABEL + b"\x00" + self.canonical_json()).digest()
 
     @property

@@ -62,11 +62,6 @@ class SegmentEntry:
                                      for t, groups in self.object_digests.items()}
         return obj
 
-    def completed_groups(self, track: str) -> int:
-        if self.object_digests is None:
-            return 0
-        return len(self.object_digests.get(track, ()))
-
 
 @dataclass
 class Manifest:

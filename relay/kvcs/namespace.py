@@ -74,10 +74,3 @@ def parse_namespace(fields: Sequence[bytes]) -> KvcsNamespace:
         raise NamespaceError(f"field 0 must be {NAMESPACE_TAG!r}, not {bytes(fields[0])!r}")
     return KvcsNamespace(*(bytes(f) for f in fields[1:]))
 
-
-def is_kvcs_namespace(fields: Sequence[bytes]) -> bool:
-    try:
-        parse_namespace(fields)
-    except NamespaceError:
-        return False
-    return True

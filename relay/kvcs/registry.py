@@ -34,12 +34,7 @@ class Codec(IntEnum):
     def label(self) -> str:
         return self.name.lower()
 
-    @property
-    def lossless(self) -> bool:
-        return self is not Codec.INT8
 
-
-PRIVATE_USE = range(0xFF00, 0x10000)
 _BY_LABEL = {c.label: c for c in Codec}
 
 
@@ -50,10 +45,3 @@ def codec_by_name(name: str) -> Codec:
         raise UnknownCodecError(f"codec {name!r} is not implemented "
                                 f"(known: {', '.join(_BY_LABEL)})") from None
 
-
-def codec_by_value(value: int) -> Codec:
-    try:
-        return Codec(value)
-    except ValueError:
-        kind = "private-use" if value in PRIVATE_USE else "unassigned"
-        raise UnknownCodecError(f"codec value {value} is {kind} / not implemented") from None

@@ -192,16 +192,6 @@ class Llama:
         assert p.logits is not None
         return p.logits
 
-    def chunked_prefill(self, tokens: Sequence[int] | np.ndarray, chunk: int,
-                        cache: KVCache | None = None) -> tuple[KVCache, np.ndarray]:
-        """Prefill in passes of ``chunk`` tokens (the last one may be shorter)."""
-        cache = cache if cache is not None else KVCache()
-        toks = np.asarray(tokens, dtype=np.int64)
-        logits = np.empty(0, dtype=F32)
-        for s in range(0, len(toks), chunk):
-            logits = self.forward(toks[s:s + chunk], cache)
-        return cache, logits
-
 
 def tiny_llama(seed: int = 0, *, layers: int = 2, hidden: int = 32, heads: int = 4,
                kv_heads: int = 2, head_dim: int = 8, ffn: int = 64, vocab: int = 256

@@ -165,14 +165,6 @@ class Params:
         """The parameter types this list would put on the wire."""
         return frozenset(t for t, _ in _items(self))
 
-    def range_filter(
-        self, ptype: ParameterType, set_id: int = 0, property_type: int | None = None
-    ) -> RangeFilter | None:
-        for f in self.range_filters:
-            if f.key == (ptype, set_id, property_type):
-                return f
-        return None
-
 
 # --- encoding ---------------------------------------------------------------------------------
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import click
 
-from relay.core.auth import read_token_file
 from relay.kvcs.cose import KeyStore, load_private_key
 from relay.kvcs.descriptor import Descriptor
 from relay.kvcs.errors import KvcsError
@@ -26,6 +25,7 @@ from relay.kvcs.plan import SPLIT_RAW, PublicationPlan, TrackSpec
 from relay.kvcs.registry import Codec, Component
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
 from relay.session.errors import SessionFailure
+from relay.session.tokens import read_token_file
 from relay.transport import TransportError
 from relay.transport.backend import (
     BACKENDS,
@@ -75,6 +75,8 @@ def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(str(e), e.exit_code)
         except KvcsError as e:
             _fail(str(e))
+        except BrokenPipeError:
+            raise  # the reader went (`| head`): click ends quietly, as a pipe stage should
         except OSError as e:
             _fail(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}")
         except (SessionFailure, TransportError) as e:

@@ -6,7 +6,6 @@ import asyncio
 import os
 from dataclasses import dataclass
 
-from relay.core.auth import tokens_of
 from relay.session import (
     MoqtSession,
     SessionConfig,
@@ -14,6 +13,7 @@ from relay.session import (
     SessionHandler,
     open_session,
 )
+from relay.session.tokens import tokens_of
 from relay.transport import QuicSettings, TransportError
 
 from .errors import PeerError

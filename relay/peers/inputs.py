@@ -81,10 +81,6 @@ def load_tokens(path: PathLike) -> list[int]:
         raise InputError(f"{path}: {e}") from None
 
 
-def write_tokens(path: PathLike, tokens: list[int]) -> None:
-    Path(path).write_text(json.dumps(tokens) + "\n")
-
-
 def load_key(path: PathLike) -> bytes:
     try:
         return load_scope_key(path)

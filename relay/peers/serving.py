@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from relay.kvcs.plan import PlannedObject
 from relay.moqt.codes import GroupOrder, LocationFilterType, PublishDoneCode, RequestErrorCode
 from relay.moqt.location_filter import LocationFilter, resolve_fetch_range
-from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
+from relay.moqt.primitives import FullTrackName, Location, LocationRange, TrackNamespace
 from relay.moqt.range_filter import RangeFilter, evaluate_range_filters
 from relay.moqt.vi64 import MAX_VI64
 from relay.session import FetchWriter, IncomingFetch, IncomingSubscribe, SessionHandler
@@ -50,10 +50,10 @@ class _Written:
                        default=0)
         return Location(end.group, last)
 
-    def select(self, start: Location, end: Location, filters: Iterable[RangeFilter],
+    def select(self, rng: LocationRange, filters: Iterable[RangeFilter],
                order: GroupOrder) -> list[Location]:
         locs = [loc for loc, (prio, _) in self.objects.items()
-                if start <= loc <= end and evaluate_range_filters(
+                if rng.contains(loc) and evaluate_range_filters(
                     filters, subgroup_id=0, object_id=loc.object, priority=prio)]
         if order == GroupOrder.DESCENDING:
             return sorted(locs, key=lambda loc: (-loc.group, loc.object))
@@ -94,7 +94,8 @@ class PublishedTracks(SessionHandler):
             await req.reject(RequestErrorCode.INVALID_RANGE, "start is past the Largest Object")
             return
         end = t.whole_group_end(rng.end)
-        locs = t.select(rng.start, end, req.params.range_filters, req.group_order)
+        locs = t.select(LocationRange(rng.start, end), req.params.range_filters,
+                        req.group_order)
         w = await req.accept(t.end is not None and end >= t.end, end)
         await t.write(w, locs)
 
@@ -111,7 +112,7 @@ class PublishedTracks(SessionHandler):
                 _location_filter(fill.location_filter or req.params.location_filter), t.end)
             if rng is not None and not rng.is_empty and rng.end is not None:
                 order = fill.group_order or served.group_order
-                locs = t.select(rng.start, t.whole_group_end(rng.end),
+                locs = t.select(LocationRange(rng.start, t.whole_group_end(rng.end)),
                                 fill.range_filters or req.params.range_filters, order)
                 await t.write(await served.open_fill(group_order=order), locs)
         await served.done(PublishDoneCode.TRACK_ENDED)

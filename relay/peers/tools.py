@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from relay.kvcs.descriptor import Descriptor
-from relay.kvcs.identifiers import SCOPE_KEY_LEN, scope_id, write_scope_key
+from relay.kvcs.identifiers import generate_scope_key, scope_id, write_scope_key
 from relay.kvcs.kvfile import read_kvfile
 from relay.kvcs.manifest import parse_manifest
 
@@ -133,7 +133,7 @@ def keygen(out_dir: Path, alg: str, kid: str, no_scope_key: bool) -> None:
             serialization.NoEncryption()))
         public.write_bytes(public_pem(key))
         if not no_scope_key:
-            secret = os.urandom(SCOPE_KEY_LEN)
+            secret = generate_scope_key()
             write_scope_key(scope, secret)
             click.echo(f"scope key  {scope} (Scope ID {scope_id(secret).hex()})")
         click.echo(f"private    {private} ({alg}, kid {kid!r})")

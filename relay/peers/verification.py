@@ -20,7 +20,7 @@ import cbor2
 from relay.kvcs.cose import KeyStore, verify_manifest_cose
 from relay.kvcs.descriptor import Descriptor
 from relay.kvcs.errors import CoseError, KvcsError, ManifestError
-from relay.kvcs.manifest import Manifest, parse_manifest
+from relay.kvcs.manifest import Manifest, manifest_for_namespace
 from relay.kvcs.namespace import KvcsNamespace
 from relay.kvcs.payload import VerifiedObject, verify_object
 from relay.kvcs.reassembly import SegmentReassembler
@@ -56,8 +56,7 @@ class ManifestVerifier:
             raise ManifestRefused("manifest.cose is required but the publication has only an "
                                   "unsigned manifest")
         try:
-            manifest = parse_manifest(body)
-            manifest.check_namespace(self.namespace)
+            manifest = manifest_for_namespace(body, self.namespace)
         except ManifestError as e:
             # the cause keeps the failed check's type (CompatMismatchError, ...) for callers
             raise ManifestRefused(f"manifest rejected: {e}") from e

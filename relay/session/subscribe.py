@@ -285,10 +285,6 @@ class ServedSubscription:
         self._all_closed.set()
         self._done = False
 
-    @property
-    def open_streams(self) -> int:
-        return len(self._writers)
-
     def _track(self, w: _StreamWriter) -> None:
         self.stream_count += 1
         self._writers.add(w)

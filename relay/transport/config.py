@@ -14,6 +14,9 @@ H3_ALPN = "h3"
 
 # STOP_SENDING code when a stream overflows its receive bound (MOQT EXCESSIVE_LOAD, §11.9).
 RECEIVE_OVERFLOW_CODE = 0x9
+# Session close when the peer picked another protocol (MOQT VERSION_NEGOTIATION_FAILED, §3.3);
+# the transport sits below the codec, so the code is spelled here.
+VERSION_NEGOTIATION_FAILED_CODE = 0x15
 
 KiB = 1024
 MiB = 1024 * KiB

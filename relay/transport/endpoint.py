@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backend import QuicBackend, QuicView
 from .burst import BURST, ReaderControl
-from .config import H3_ALPN, MOQT_ALPN, QuicSettings
+from .config import H3_ALPN, MOQT_ALPN, VERSION_NEGOTIATION_FAILED_CODE, QuicSettings
 from .connection import Connection
 from .errors import ConnectionClosed, ProtocolNegotiationError, TransportError
 from .gso import DatagramSender
@@ -267,7 +267,7 @@ class Endpoint(asyncio.DatagramProtocol):
         if proto != MOQT_ALPN:
             self._fail_ready(ProtocolNegotiationError(
                 f"server selected WT-Protocol {proto!r}, not {MOQT_ALPN!r}"))
-            conn.close(0x15, "version negotiation failed")  # VERSION_NEGOTIATION_FAILED
+            conn.close(VERSION_NEGOTIATION_FAILED_CODE, "version negotiation failed")
             return
         if not self._ready.done():
             self._ready.set_result(conn)

@@ -94,7 +94,7 @@ async def test_every_request_type_needs_a_token_of_its_scope_and_role(
         "PUBLISH_NAMESPACE": lambda s, p: s.publish_namespace(ns_in(SCOPE_A, b"q" * 16), p),
         "PUBLISH": lambda s, p: s.publish(ns, b"v.raw.s0", p),
     }
-    failures = relay.relay.counters.get("auth_failures")
+    failures = relay.relay.counters.auth_failures
     # One session per request: a refusal must not depend on what the session asked before.
     for send in requests.values():
         for value in NOT_SUBSCRIBE_A:
@@ -102,7 +102,7 @@ async def test_every_request_type_needs_a_token_of_its_scope_and_role(
     for send in publishes.values():
         for value in NOT_PUBLISH_A:
             await refused(send(await client(relay), tok(value)))
-    assert relay.relay.counters.get("auth_failures") - failures == \
+    assert relay.relay.counters.auth_failures - failures == \
         len(requests) * len(NOT_SUBSCRIBE_A) + len(publishes) * len(NOT_PUBLISH_A)
 
     # The same requests with the right token are answered: the refusals above were about

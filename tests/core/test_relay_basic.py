@@ -40,6 +40,7 @@ from relay.session import (
     StreamEnded,
     Subscription,
 )
+from storage.interface import Tier
 
 
 async def test_pushed_track_outlives_its_publisher_and_a_restart(tmp_path: Path) -> None:
@@ -77,7 +78,7 @@ async def test_pushed_track_outlives_its_publisher_and_a_restart(tmp_path: Path)
             events = await resp.collect()
         assert [e.location for e in events] == [Location(g, i) for g in (1, 2) for i in range(3)]
         assert all(bytes(e.payload) == track.sent[e.location] for e in events)
-        assert r2.relay.counters.get("fetch_objects_lmdb") == 6
+        assert r2.relay.counters.fetch.objects[Tier.LMDB] == 6
         await sub.aclose()
     finally:
         await r2.close()
@@ -117,8 +118,8 @@ async def test_live_subscribers_joining_at_random_moments_get_everything_once(
             assert got.objects == track.sent
             assert got.done is not None and got.done.status == 0x2
         # one upstream subscription (the PUBLISH) whatever the number of subscribers
-        assert r.relay.counters.get("publish_accepted") == 1
-        assert r.relay.counters.get("upstream_subscriptions") == 0
+        assert r.relay.counters.ok("PUBLISH") == 1
+        assert r.relay.counters.upstream_subscriptions == 0
     finally:
         await r.close()
 
@@ -210,7 +211,7 @@ async def test_a_push_far_larger_than_the_receive_queue_loses_nothing(tmp_path: 
             await track.group(g, group_payloads(g, 128, size=1024))
         await track.end()
         assert await r.relay.wait_committed(name, TIMEOUT)
-        assert r.relay.counters.get("objects_received") == 8 * 128
+        assert r.relay.counters.objects_received == 8 * 128
     finally:
         await r.close()
 
@@ -294,7 +295,7 @@ async def test_a_publisher_closing_right_after_writing_loses_nothing(tmp_path: P
         await track.end()
         await pub.aclose()  # an orderly close drains what was written first
         assert await r.relay.wait_committed(name, TIMEOUT)
-        assert r.relay.counters.get("objects_received") == 4 * 16
+        assert r.relay.counters.objects_received == 4 * 16
     finally:
         await r.close()
 

@@ -20,7 +20,8 @@ from relay_helpers import (
     wait_cached,
 )
 
-from relay.core.relay import CACHE, RelayOptions
+from relay.core.namespaces import CACHE
+from relay.core.relay import RelayOptions
 from relay.moqt.codes import EndOfRangeType, PropertyType
 from relay.moqt.kvp import KeyValuePair
 from relay.moqt.location_filter import LocationFilter
@@ -53,7 +54,7 @@ async def test_objects_past_max_cache_duration_are_not_served_from_cache(
         assert got == {Location(0, i): p for i, p in enumerate(payloads[0])}
 
         clock.now += 10  # the publisher's 10 s are up for every cached Object
-        asked = r.relay.counters.get("fetch_upstream_lookups")
+        asked = r.relay.counters.fetch.upstream_lookups
         resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, group0), TIMEOUT)
         async with asyncio.timeout(TIMEOUT):
             events = await resp.collect()
@@ -61,7 +62,7 @@ async def test_objects_past_max_cache_duration_are_not_served_from_cache(
         assert not [e for e in events if isinstance(e, ReceivedObject)]
         assert [e.type for e in events if isinstance(e, RangeMarker)] == \
             [EndOfRangeType.UNKNOWN]
-        assert r.relay.counters.get("fetch_upstream_lookups") > asked
+        assert r.relay.counters.fetch.upstream_lookups > asked
 
         # the Objects arrive again: a fresh copy is served again
         await t.group(0, payloads[0])
@@ -109,7 +110,7 @@ async def test_expiry_from_lmdb_sends_namespace_done(tmp_path: Path, kind: str) 
         # left): decided on the clock, since a loaded machine may reach expiry before here
         assert asyncio.get_running_loop().time() - start >= life
         assert seen == [True, False]
-        assert r.relay.counters.get("lmdb_expired_tracks") == 1
+        assert r.relay.counters.lmdb_expired_tracks == 1
         assert not r.store.durable.info(name_key := r.relay.tracks[name].key)
         if kind == "max_cache_duration":  # the memory copy is as old: nothing is served
             try:

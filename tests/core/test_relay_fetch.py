@@ -123,8 +123,8 @@ async def test_concurrent_misses_share_one_upstream_fetch(tmp_path: Path) -> Non
             results = await asyncio.gather(*(x.collect() for x in resps))
         for events in results:
             assert {e.location: bytes(e.payload) for e in events} == t.sent
-        assert b.relay.counters.get("upstream_fetches") == 1
-        assert a.relay.counters.get("fetches") == 1
+        assert b.relay.counters.upstream_fetches == 1
+        assert a.relay.counters.ok("FETCH") == 1
     finally:
         await b.close()
         await a.close()
@@ -252,7 +252,7 @@ async def test_an_upstream_end_location_of_a_whole_group_is_no_largest_object(
             assert resp.end_location == Location(4, 2)
             assert got == {Location(4, i): p for i, p in enumerate(payloads)}
         # the second FETCH was served from cache: the first one's FIN proved the rest absent
-        assert b.relay.counters.get("upstream_fetches") == 1
+        assert b.relay.counters.upstream_fetches == 1
         status = await asyncio.wait_for(c.track_status(name.namespace, name.name), TIMEOUT)
         assert status.params.largest_object == Location(4, 2)
     finally:
@@ -358,7 +358,7 @@ async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_kno
         got, marks = await fetch(Location(2, 0), Location(2, 9))
         assert got == {} and marks == [] and len(up.asked) == asked
         # each request's own lookups upstream, counted for the operator
-        assert b.relay.counters.get("fetch_upstream_lookups") == len(up.asked) - 1
+        assert b.relay.counters.fetch.upstream_lookups == len(up.asked) - 1
     finally:
         await b.close()
 

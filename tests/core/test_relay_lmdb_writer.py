@@ -65,7 +65,7 @@ async def test_commits_needing_map_growth_finish_while_a_fetch_consumer_stalls(
                                                      max_stream_data=64 * 1024,
                                                      max_data=256 * 1024))
         resp = await asyncio.wait_for(stalled.fetch(held.namespace, held.name), TIMEOUT)
-        assert r.relay.counters.get("fetches_active") == 1
+        assert r.relay.counters.fetch.in_flight.count == 1
 
         # Injected: LMDB refuses the first attempt of one commit (a full disk).
         names = [FullTrackName(ns, f"k.raw.s{i}".encode()) for i in (1, 2, 3)]
@@ -84,9 +84,9 @@ async def test_commits_needing_map_growth_finish_while_a_fetch_consumer_stalls(
         for name in names:
             assert await r.relay.wait_committed(name, TIMEOUT), name
         # ... all while the FETCH walk over LMDB was still held up by its consumer
-        assert r.relay.counters.get("fetches_active") == 1
+        assert r.relay.counters.fetch.in_flight.count == 1
         assert durable.stats()["map_size"] > map_before
-        assert refused and r.relay.counters.get("lmdb_full") == 1
+        assert refused and r.relay.counters.lmdb_full == 1
 
         async with asyncio.timeout(TIMEOUT):  # the consumer reads again: intact after remaps
             got = {e.location: bytes(e.payload) for e in await resp.collect()}

@@ -131,9 +131,9 @@ async def test_fills_and_fetches_take_their_turn_by_priority(tmp_path: Path,
         # being written before the subscriber reads anything
         resp_late = await _fill_or_fetch(sub, late, path)
         resp_early = await _fill_or_fetch(sub, early, path)
-        active = "fetches_active" if path == "fetch" else "fills_active"
+        served = r.relay.counters.fetch if path == "fetch" else r.relay.counters.fill
         async with asyncio.timeout(TIMEOUT):
-            while r.relay.counters.get(active) < 2:
+            while served.in_flight.count < 2:
                 await asyncio.sleep(0)
         order = await _arrival_order({"late": resp_late, "early": resp_early})
         last_early = max(i for i, t in enumerate(order) if t == "early")

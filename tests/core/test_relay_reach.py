@@ -65,7 +65,7 @@ async def siblings(a: RunningRelay, b: RunningRelay, tmp: Path
                                                     ca_file=tls.certfile), TIMEOUT)
             sessions.append(s)
             nsub = await asyncio.wait_for(s.subscribe_namespace(()), TIMEOUT)
-            x.relay.add_sibling(s, nsub)
+            x.relay.routing.add_sibling(s, nsub)
         yield servers[0], servers[1]
     finally:
         for s in sessions:

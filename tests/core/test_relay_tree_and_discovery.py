@@ -97,8 +97,8 @@ async def test_publisher_to_relay_a_to_relay_b_to_three_subscribers(tmp_path: Pa
             missing = sorted(set(tracks[i % 2].sent) - set(got.objects))
             assert got.objects == tracks[i % 2].sent, (i, missing, got.resets)
         # A holds exactly one subscription per Track from B, whatever B's fan-out
-        assert b.relay.counters.get("upstream_subscriptions") == len(names)
-        assert a.relay.counters.get("subscriptions") == len(names)
+        assert b.relay.counters.upstream_subscriptions == len(names)
+        assert a.relay.counters.ok("SUBSCRIBE") == len(names)
 
         # B FETCHes what it lacks from A after the publisher has gone
         await pub.aclose()
@@ -122,7 +122,7 @@ async def test_cold_relay_b_fetches_a_completed_track_through_a(tmp_path: Path) 
         c = await client(b)
         _resp, got = await fetch_objects(c, name)
         assert got == t.sent
-        assert b.relay.counters.get("upstream_fetches") >= 1
+        assert b.relay.counters.upstream_fetches >= 1
     finally:
         await b.close()
         await a.close()

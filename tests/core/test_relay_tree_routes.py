@@ -24,13 +24,15 @@ from relay_helpers import (
     wait_cached,
 )
 
-from relay.core.auth import tokens_of
 from relay.core.namespaces import PublisherEntry
-from relay.core.relay import RELAY_IMPLEMENTATION, RelayOptions
+from relay.core.relay import RelayOptions
+from relay.core.routing import RELAY_IMPLEMENTATION
 from relay.moqt.codes import RequestErrorCode
 from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
 from relay.service import RunningRelay
 from relay.session import MoqtSession, NamespaceEvent, RequestRejected, SessionConfig
+from relay.session.tokens import tokens_of
+from storage.interface import Tier
 
 
 async def until_namespace(session: MoqtSession, prefix: TrackNamespace,
@@ -48,7 +50,7 @@ async def until_namespace(session: MoqtSession, prefix: TrackNamespace,
 
 def requests_served(r: RunningRelay) -> int:
     """Every request a relay answered for its clients (lower relays included)."""
-    return sum(v for k, v in r.relay.counters.values.items() if k.startswith("request_"))
+    return sum(r.relay.counters.requests.values())
 
 
 def sources(r: RunningRelay, ns: TrackNamespace) -> list[PublisherEntry]:
@@ -106,13 +108,13 @@ async def test_depth_three_tree_serves_a_publication_at_a_leaf_everywhere(
         relays.append(d)
         at_a, at_m = requests_served(a), requests_served(m)
         at_r = requests_served(r)
-        b_up = b.relay.counters.get("upstream_fetches")
+        b_up = b.relay.counters.upstream_fetches
         for x in (b, d):
             c = await client(x)
             for t in tracks:
                 _resp, objects = await fetch_objects(c, t.full_name)
                 assert objects == t.sent
-        assert b.relay.counters.get("upstream_fetches") == b_up
+        assert b.relay.counters.upstream_fetches == b_up
         assert requests_served(a) == at_a and requests_served(m) == at_m
         assert requests_served(r) > at_r  # D's requests were R's to answer
     finally:
@@ -142,8 +144,8 @@ async def test_a_restarted_leaf_announces_its_lmdb_tracks_to_a_new_root(
         await until_namespace(c, name.namespace[:4], name.namespace)
         _resp, got = await fetch_objects(c, name)
         assert got == t.sent
-        assert a2.relay.counters.get("lmdb_committed_tracks") == 0  # served from A's LMDB
-        assert a2.relay.counters.get("fetch_objects_lmdb") > 0
+        assert a2.relay.counters.lmdb_committed_tracks == 0  # served from A's LMDB
+        assert a2.relay.counters.fetch.objects[Tier.LMDB] > 0
     finally:
         await b.close()
         await a2.close()
@@ -179,14 +181,14 @@ async def test_announcements_never_loop_or_echo(tmp_path: Path) -> None:
 
         # a request for a Track nobody publishes under A's namespace travels B -> R -> A
         # once and ends DOES_NOT_EXIST: A answers from its own sources, never back up
-        before_r = r.relay.counters.get("upstream_subscriptions")
+        before_r = r.relay.counters.upstream_subscriptions
         with pytest.raises(RequestRejected) as e:
             await asyncio.wait_for(cb.subscribe(ns_a, b"k.raw.s9", live_params()), TIMEOUT)
         assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
-        refused = f"request_SUBSCRIBE_{RequestErrorCode.DOES_NOT_EXIST:d}"
-        assert a.relay.counters.get(refused) == 1
-        assert a.relay.counters.get("upstream_subscriptions") == 0
-        assert r.relay.counters.get("upstream_subscriptions") == before_r
+        refused = ("SUBSCRIBE", RequestErrorCode.DOES_NOT_EXIST)
+        assert a.relay.counters.requests.get(refused) == 1
+        assert a.relay.counters.upstream_subscriptions == 0
+        assert r.relay.counters.upstream_subscriptions == before_r
     finally:
         for x in (b, a, r):
             await x.close()
@@ -254,16 +256,16 @@ async def test_announcing_up_is_authorized_per_scope(tmp_path: Path,
         assert got == tracks[1].sent
         counters = a.relay.counters
         async with asyncio.timeout(TIMEOUT):
-            while counters.get("upstream_announcements_refused") + \
-                    counters.get("upstream_announcements_uncovered") == 0:
+            while counters.upstream_announcements_refused + \
+                    counters.upstream_announcements_uncovered == 0:
                 await asyncio.sleep(0)
         if leaf_knows_token:  # decided at A: never sent
-            assert counters.get("upstream_announcements_uncovered") == 1
-            assert counters.get("upstream_announcements_refused") == 0
-            assert r.relay.counters.get("auth_failures") == 0
+            assert counters.upstream_announcements_uncovered == 1
+            assert counters.upstream_announcements_refused == 0
+            assert r.relay.counters.auth_failures == 0
         else:  # decided at R: refused, counted at both ends
-            assert counters.get("upstream_announcements_refused") == 1
-            assert r.relay.counters.get("auth_failures") >= 1
+            assert counters.upstream_announcements_refused == 1
+            assert r.relay.counters.auth_failures >= 1
         assert a.relay.announcer is not None
         assert a.relay.announcer.announced == [covered[:2]]
         # the refused scope is served where it was published, and unknown above
@@ -307,13 +309,13 @@ async def test_pushed_up_tracks_outlive_the_lower_relay(tmp_path: Path, push: bo
         if push:
             _resp, got = await fetch_objects(c, name)
             assert got == t.sent
-            assert a.relay.counters.get("upstream_pushes") == 1
-            assert r.relay.counters.get("upstream_fetches") == 0  # nothing pulled from A
+            assert a.relay.counters.upstream_pushes == 1
+            assert r.relay.counters.upstream_fetches == 0  # nothing pulled from A
         else:
             with pytest.raises(RequestRejected) as e:
                 await asyncio.wait_for(c.fetch(name.namespace, name.name), TIMEOUT)
             assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
-            assert a.relay.counters.get("upstream_pushes") == 0
+            assert a.relay.counters.upstream_pushes == 0
     finally:
         for x in (b, a, r):
             await x.close()

@@ -153,7 +153,7 @@ async def test_a_fill_waits_for_objects_in_flight_up_to_the_largest_object(
         sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, live_params()),
                                      TIMEOUT)
         async with asyncio.timeout(TIMEOUT):  # until the fill is walking (then it waits)
-            while r.relay.counters.get("fills_active") == 0:
+            while r.relay.counters.fill.in_flight.count == 0:
                 await asyncio.sleep(0.005)
         up.go.set()
         await wait_cached(r, name, Location(1, 0))  # the fill goes on waiting after it
@@ -170,7 +170,7 @@ async def test_a_fill_waits_for_objects_in_flight_up_to_the_largest_object(
                 elif isinstance(ev, ReceivedObject) and ev.stream.source is Source.FILL:
                     got[ev.location] = bytes(ev.payload)
         assert got == {Location(0, 0): b"zero", Location(0, 1): b"one"} and marks == []
-        assert up.fetches == 0 and r.relay.counters.get("upstream_fetches") == 0
+        assert up.fetches == 0 and r.relay.counters.upstream_fetches == 0
     finally:
         await r.close()
 

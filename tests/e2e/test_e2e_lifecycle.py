@@ -19,6 +19,7 @@ from relay_helpers import TIMEOUT, group_payloads, make_ns, push_track
 from relay.moqt.primitives import FullTrackName, Location
 from relay.service import RelayConfig, start_relay
 from relay.session import open_session
+from storage.interface import Tier
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,7 +102,7 @@ async def test_sigterm_drains_and_the_committed_track_survives(tmp_path: Path) -
         async with asyncio.timeout(TIMEOUT):
             got = {e.location: bytes(e.payload) for e in await resp.collect()}
         assert got == track.sent
-        assert r.relay.counters.get("fetch_objects_lmdb") == 15
+        assert r.relay.counters.fetch.objects[Tier.LMDB] == 15
         await sub.aclose()
     finally:
         await r.close()

@@ -89,7 +89,7 @@ async def test_sigkilled_origin_is_noticed_reported_and_reconnected(tmp_path: Pa
         assert err.code == RequestErrorCode.TIMEOUT and took < 4.0
         err, _ = await _refused(c.track_status(other.namespace, other.name))
         assert err.code == RequestErrorCode.TIMEOUT
-        assert edge.relay.counters.get("upstream_unreachable") == 3
+        assert edge.relay.counters.upstream_unreachable == 3
 
         # the origin is back (same port, same data): the link reconnects, requests work
         origin = await _origin(tmp_path / "o", port)

@@ -47,6 +47,7 @@ from relay.core.relay import RelayOptions
 from relay.moqt.codes import ObjectStatus
 from relay.moqt.primitives import FullTrackName, Location
 from relay.service import RunningRelay
+from storage.interface import Tier
 
 try:
     import moq
@@ -124,8 +125,8 @@ async def test_moqrs_publisher_to_moqrs_and_kvcs_subscribers_bit_identical(
             consumer = await asyncio.wait_for(msub.announced_broadcast("iop/live"), TIMEOUT)
             tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
             # both downstream subscriptions are registered; one upstream SUBSCRIBE serves both
-            assert r.relay.counters.get("subscriptions") == 2
-            assert r.relay.counters.get("upstream_subscriptions") == 1
+            assert r.relay.counters.ok("SUBSCRIBE") == 2
+            assert r.relay.counters.upstream_subscriptions == 1
 
             for g in sorted(sent):
                 grp = track.append_group()
@@ -201,7 +202,7 @@ async def test_moqrs_late_subscriber_gets_the_current_group_then_live_once(
         async with moq_client(r) as msub:
             consumer = await asyncio.wait_for(msub.announced_broadcast("iop/late"), TIMEOUT)
             tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
-            assert r.relay.counters.get("subscriptions") == 1
+            assert r.relay.counters.ok("SUBSCRIBE") == 1
             if join == "mid_group":
                 for i in range(2, 4):
                     await w.write_object(i, payload[2, i])
@@ -230,7 +231,7 @@ async def test_moqrs_late_subscriber_gets_the_current_group_then_live_once(
 
     assert mgot == {g: [payload[g, i] for i in range(4)] for g in range(first, 4)}
     # the part of the current Group published before the join came from the relay's cache
-    assert r.relay.counters.get("fill_objects_memory") == (2 if join == "mid_group" else 4)
+    assert r.relay.counters.fill.objects[Tier.MEMORY] == (2 if join == "mid_group" else 4)
 
 
 # -- 3. moq-rs fetching whole Groups ---------------------------------------------------------
@@ -263,7 +264,7 @@ async def test_moqrs_fetches_groups_a_moqrs_publisher_pushed(tmp_path: Path) -> 
                     async with asyncio.timeout(TIMEOUT):
                         got[g] = [bytes(f.payload) async for f in grp]
         assert got == {g: sent[g] for g in (1, 0)}
-        assert r.relay.counters.get("fetches") == 2
+        assert r.relay.counters.ok("FETCH") == 2
     finally:
         await r.close()
 
@@ -309,8 +310,8 @@ async def test_moqrs_fetches_whole_groups_from_lmdb_after_restart(tmp_path: Path
                     got[g] = [bytes(f.payload) async for f in grp]
         await pub.aclose()
         assert got == {g: [sent[Location(g, i)] for i in range(blocks)] for g in range(layers)}
-        assert r.relay.counters.get("fetches") == 3
-        assert r.relay.counters.get("fetch_objects_lmdb") == layers * blocks
+        assert r.relay.counters.ok("FETCH") == 3
+        assert r.relay.counters.fetch.objects[Tier.LMDB] == layers * blocks
     finally:
         await r.close()
 
@@ -340,7 +341,7 @@ async def test_moqrs_fetches_from_lmdb_with_no_publisher(tmp_path: Path) -> None
                 pass  # NotFound: moq-rs handled PUBLISH_DONE before the fill
         if frames is not None:  # moq-rs sent its FETCH: the Group, exact, from LMDB
             assert frames == [sent[Location(1, i)] for i in range(3)]
-            assert r.relay.counters.get("fetch_objects_lmdb") == 3
+            assert r.relay.counters.fetch.objects[Tier.LMDB] == 3
         await ann.aclose()
     finally:
         await r.close()
@@ -415,7 +416,7 @@ async def test_moqrs_publisher_at_one_relay_moqrs_subscriber_at_another(tmp_path
     assert again == [] and mgot == sent
     # one subscription per hop: B -> R -> A -> the publisher
     for x in (b, r, a):
-        assert x.relay.counters.get("upstream_subscriptions") == 1
+        assert x.relay.counters.upstream_subscriptions == 1
 
 
 async def test_a_binary_namespace_does_not_break_moqrs_sessions(tmp_path: Path) -> None:

@@ -11,13 +11,14 @@ zstd frames depend on the compressor's version and level, so the zstd vector pin
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from relay.kvcs.codecs import encode_data, int8_quantize, layer_digest, raw_section, section
+from relay.kvcs.codecs import encode_data, int8_quantize, raw_section, section
 from relay.kvcs.descriptor import DTYPES, Descriptor, canonical_json, make_descriptor
 from relay.kvcs.identifiers import anchor_key, block_keys, block_keys_sha256, scope_id
 from relay.kvcs.payload import encode_object
@@ -101,7 +102,7 @@ def raw_vectors() -> list[dict[str, Any]]:
                                        data=[rk, rv])
                 sections.append({"layer": layer, "block": block, "raw_k": rk.hex(),
                                  "raw_v": rv.hex(),
-                                 "layer_digest": layer_digest(rk, rv).hex(),
+                                 "layer_digest": hashlib.sha256(rk + rv).hexdigest(),
                                  "kv_raw_object": kv_obj.hex()})
         out.append({"dtype": dtype, "descriptor": desc.doc, "shape": list(TINY_SHAPE),
                     "k": tiny_values(0.0), "v": tiny_values(1.0), "sections": sections})

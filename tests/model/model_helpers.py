@@ -8,13 +8,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from relay.kvcs.descriptor import Descriptor
+from relay.model.llama import KVCache, Llama
 from relay.peers.connect import RelayAccess
 from relay.peers.subscriber import Retrieval, RetrieveOptions, retrieve
 from relay.service import RelayConfig, RunningRelay, start_relay
 
 TIMEOUT = 30.0
 SCOPE_KEY = bytes(range(32))
+
+
+def chunked_prefill(model: Llama, tokens: Sequence[int] | np.ndarray, chunk: int,
+                    cache: KVCache | None = None) -> tuple[KVCache, np.ndarray]:
+    """Prefill in passes of ``chunk`` tokens (the last one may be shorter), as an engine
+    that prefills a long prompt in chunks would."""
+    cache = cache if cache is not None else KVCache()
+    toks = np.asarray(tokens, dtype=np.int64)
+    logits = np.empty(0, dtype=np.float32)
+    for s in range(0, len(toks), chunk):
+        logits = model.forward(toks[s:s + chunk], cache)
+    return cache, logits
 
 
 async def relay_at(data_dir: Path) -> RunningRelay:

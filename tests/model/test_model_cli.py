@@ -11,7 +11,7 @@ import model_sys_path  # noqa: F401  (tests/peers on sys.path)
 import numpy as np
 import pytest
 from cli_harness import relay_process, run_kvcs
-from model_helpers import SCOPE_KEY
+from model_helpers import SCOPE_KEY, chunked_prefill
 
 from relay.kvcs.identifiers import write_scope_key
 from relay.kvcs.kvfile import read_kvfile
@@ -44,7 +44,7 @@ async def test_prefill_command_publishes_what_fetch_gets_back(
     assert code == 0, err
     assert out.startswith("kvcs-1/") and "3 segment(s) x 2 layers" in err
     model = tiny_llama(0)
-    expected = int(np.argmax(model.chunked_prefill(tokens, 16)[1]))
+    expected = int(np.argmax(chunked_prefill(model, tokens, 16)[1]))
     assert f"next token {expected}" in err
 
     code, _, err = await _run("fetch", "--relay", url, "--ca", str(ca), "--descriptor",

@@ -12,7 +12,7 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
-from model_helpers import SCOPE_KEY, access, fetch_back, relay_at
+from model_helpers import SCOPE_KEY, access, chunked_prefill, fetch_back, relay_at
 from threadpoolctl import threadpool_limits
 
 from relay.model.llama import KVCache
@@ -50,7 +50,7 @@ async def test_decode_on_fetched_cache_equals_local_prefill(tmp_path: Path) -> N
     d = smollm2_descriptor(m.config, block_tokens=B)
     toks = _prompt(200)
     with threadpool_limits(limits=1):
-        local, local_logits = m.chunked_prefill(toks, B)  # 12 passes of 16 tokens, then 8
+        local, local_logits = chunked_prefill(m, toks, B)  # 12 passes of 16 tokens, then 8
         r = await relay_at(tmp_path)
         try:
             res = await asyncio.wait_for(prefill_and_publish(

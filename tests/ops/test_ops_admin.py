@@ -96,6 +96,38 @@ async def test_wrong_or_missing_token_is_401_changes_nothing_and_is_counted(
     assert TOKEN not in caplog.text
 
 
+async def test_state_says_a_track_whose_publisher_failed_is_aborted(tmp_path: Path) -> None:
+    """An operator tells a publication cut short (never to reach LMDB) from a live one."""
+    r = await admin_relay(tmp_path)
+    name = FullTrackName(make_ns(), b"kv.raw.s0")
+    key = (format_namespace(name.namespace), "kv.raw.s0")
+    try:
+        port = r.metrics_port
+        assert port is not None
+        pub = await client(r)
+        live = await push_track(pub, name, layers=3)
+        await live.group(0, group_payloads(0, 2))
+        await wait_cached(r, name, Location(0, 1))
+
+        async def entry() -> dict[str, object]:
+            state = json.loads((await http(port, "GET", "/admin/state"))[1])
+            return {(t["namespace"], t["name"]): t for t in state["tracks"]}[key]
+
+        t = await entry()
+        assert t["live"] and not t["aborted"] and not t["complete"]
+        held = t["largest_object"]
+        track = r.relay.tracks[name]
+        await pub.aclose()  # the publisher goes before End of Track
+        async with asyncio.timeout(TIMEOUT):
+            while track.live:
+                await track.wait_change(TIMEOUT)
+        t = await entry()
+        assert t["aborted"] and not t["live"] and not t["complete"]
+        assert t["largest_object"] == held  # what it held is still served
+    finally:
+        await r.close()
+
+
 async def test_state_then_purge_ends_subscriptions_and_namespaces_also_after_restart(
         tmp_path: Path) -> None:
     r = await admin_relay(tmp_path)

@@ -4,6 +4,7 @@ contract: counters move by exactly what a publish/subscribe/fetch round did."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from relay.core.relay import RelayOptions
 from relay.moqt.primitives import FullTrackName
 from relay.service import RelayConfig, RunningRelay, start_relay
 from relay.session import RequestRejected
+from storage.interface import Tier
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 OM = "application/openmetrics-text; version=1.0.0"
@@ -141,8 +143,8 @@ async def test_health_and_readiness(tmp_path: Path) -> None:
     r = await _relay(tmp_path)
     try:
         assert r.metrics_port is not None
-        assert (await http_get(r.metrics_port, "/healthz"))[0] == 200
-        assert (await http_get(r.metrics_port, "/readyz"))[0] == 200
+        assert await http_get(r.metrics_port, "/healthz") == (200, "ok\n")
+        assert await http_get(r.metrics_port, "/readyz") == (200, "ready\n")
         assert (await http_get(r.metrics_port, "/nope"))[0] == 404
         await r.relay.goaway_all()  # draining: alive, no longer ready
         code, body = await http_get(r.metrics_port, "/readyz")
@@ -189,5 +191,34 @@ async def test_docs_metrics_is_the_contract(tmp_path: Path) -> None:
             assert labels <= documented[name][1], name
         for name in exposed:  # conventions
             assert name.startswith("kvcs_relay_")
+    finally:
+        await r.close()
+
+
+async def test_every_counter_the_relay_keeps_is_exported(tmp_path: Path) -> None:
+    """Each field of the relay's Counters reaches /metrics: give every count a value of its
+    own and find each value in a sample (a count kept but never exported fails here)."""
+    r = await _relay(tmp_path)
+    try:
+        c = r.relay.counters
+        wanted: dict[str, int] = {}
+        for i, f in enumerate(dataclasses.fields(c)):
+            value = 1_000_003 + 7919 * i
+            if isinstance(getattr(c, f.name), int):
+                setattr(c, f.name, value)
+                wanted[f.name] = value
+        base = 1_000_003 + 7919 * len(dataclasses.fields(c))
+        c.session_accepted("quic")
+        c.sessions_accepted["quic"] = wanted["sessions_accepted"] = base
+        c.sessions_closed[("quic", 0)] = wanted["sessions_closed"] = base + 1
+        c.requests[("FETCH", None)] = wanted["requests"] = base + 2
+        for k, served in enumerate((c.fill, c.fetch)):
+            n = base + 10 * (k + 1)
+            served.bytes, served.upstream_lookups, served.unknown_ranges = n, n + 1, n + 2
+            served.objects[Tier.MEMORY], served.objects[Tier.LMDB] = n + 3, n + 4
+            wanted.update({f"{k}.bytes": n, f"{k}.lookups": n + 1, f"{k}.unknown": n + 2,
+                           f"{k}.memory": n + 3, f"{k}.lmdb": n + 4})
+        exported = set((await scrape(r)).values())
+        assert {name for name, v in wanted.items() if v not in exported} == set()
     finally:
         await r.close()

@@ -147,7 +147,9 @@ async def test_two_workers_are_one_relay(tmp_path: Path) -> None:
     keep: list[MoqtSession] = []
     async with workers(data, ready) as sup:
         mport = info(ready)["metrics_port"]
-        assert (await http_get(mport, "/healthz"))[0] == 200
+        # the supervisor says what a single relay says
+        assert await http_get(mport, "/healthz") == (200, "ok\n")
+        assert await http_get(mport, "/readyz") == (200, "ready\n")
         pub = await connect_on(ready, data, 0, keep)
         sub_s = await connect_on(ready, data, 1, keep)
         # live: the subscriber on worker 1 discovers and subscribes to worker 0's Track

@@ -119,6 +119,16 @@ async def test_inspect_tells_what_a_file_holds(tmp_path: Path) -> None:
     assert code == 0 and json.loads(out)["kind"] == "publish report"
     code, _, err = await run_kvcs("inspect", str(junk), timeout=TIMEOUT)
     assert code == 1 and str(junk) in _one_error_line(err)
+    # `kvcs inspect FILE | head`: the reader is gone before the output; no error line
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = await asyncio.create_subprocess_exec(*KVCS, "inspect", str(kv), stdout=write_end,
+                                                    stderr=asyncio.subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    _, err_b = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    assert err_b.decode() == "" and proc.returncode != 0
 
 
 async def test_keygen_writes_usable_keys_with_safe_modes(tmp_path: Path) -> None:

@@ -256,7 +256,7 @@ async def test_publisher_serves_the_groups_a_small_relay_evicted_before_its_comm
             res = await _retrieve(RetrieveOptions(access(small), c.descriptor, SCOPE_KEY,
                                                   c.tokens, mode="live", joint=True))
             assert small.relay.store.memory.stats()["evicted_groups"] > 0
-            assert small.relay.counters.get("upstream_fetches") > 0  # answered by the publisher
+            assert small.relay.counters.upstream_fetches > 0  # answered by the publisher
     finally:
         await small.close()
     assert res.exit_code == EXIT_OK, res.report["decisions"]
@@ -268,13 +268,13 @@ async def test_publisher_answers_a_subscribe_for_a_track_it_ended(relay: Any) ->
     c = cache(blocks=4)
     p = plan(c)
     async with announced(p, relay):
-        before = relay.relay.counters.get("upstream_subscriptions")
+        before = relay.relay.counters.upstream_subscriptions
         # production is over (PUBLISH_DONE): the relay's SUBSCRIBEs go to the publisher,
         # which answers from what it wrote (fill, then PUBLISH_DONE)
         res = await _retrieve(RetrieveOptions(access(relay), c.descriptor, SCOPE_KEY,
                                               c.tokens, mode="live",
                                               publications=[(p.namespace, None)]))
-        assert relay.relay.counters.get("upstream_subscriptions") > before
+        assert relay.relay.counters.upstream_subscriptions > before
     assert res.exit_code == EXIT_OK, res.report["decisions"]
     assert res.report["objects_verified"] == 4 * c.descriptor.layers * 2
     assert res.report["objects_duplicate"] == 0

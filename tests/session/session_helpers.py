@@ -110,7 +110,8 @@ class TrackPublisher(SessionHandler):
         if rng is None or rng.is_empty:
             await req.reject(RequestErrorCode.INVALID_RANGE, "nothing there")
             return
-        ids = req.params.range_filter(ParameterType.OBJECTID_FILTER)
+        ids = next((f for f in req.params.range_filters
+                    if f.key == (ParameterType.OBJECTID_FILTER, 0, None)), None)
         chosen = [o for o in self.objects
                   if o.status == ObjectStatus.NORMAL and rng.contains(o.location)
                   and (ids is None or ids.matches(o.object_id))]

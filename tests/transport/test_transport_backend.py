@@ -123,3 +123,12 @@ def test_cli_without_qh3_is_one_line_and_exit_2(argv: list[str], tmp_path: Path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "qh3" in lines[0] and "not installed" in lines[0], lines
+
+
+def test_the_moqt_codes_the_transport_spells_are_the_codecs() -> None:
+    """The transport sits below the codec and spells the two MOQT codes it sends itself."""
+    from relay.moqt.codes import SessionErrorCode, StreamResetCode
+    from relay.transport.config import RECEIVE_OVERFLOW_CODE, VERSION_NEGOTIATION_FAILED_CODE
+
+    assert RECEIVE_OVERFLOW_CODE == StreamResetCode.EXCESSIVE_LOAD
+    assert VERSION_NEGOTIATION_FAILED_CODE == SessionErrorCode.VERSION_NEGOTIATION_FAILED

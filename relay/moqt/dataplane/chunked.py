@@ -91,11 +91,6 @@ class ChunkedParser:
         """FIN: raises PROTOCOL_VIOLATION if it falls inside a header or an Object."""
         return self.feed(b"", True)
 
-    @property
-    def mid_item(self) -> bool:
-        """True while bytes of an unfinished header or payload are buffered."""
-        return bool(self._tail or self._need)
-
     # -- machinery ------------------------------------------------------------------------------
 
     def _end(self, out: list[Any]) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 
 from relay.kvcs.descriptor import Descriptor
 from relay.model.llama import LlamaConfig
-from relay.model.smollm2 import GGUF_SHA256, MODEL_ID, model_descriptor, verified_gguf_path
+from relay.model.smollm2 import GGUF_SHA256, smollm2_descriptor, verified_gguf_path
 
 from .base import EngineError, OnLayer
 
@@ -83,8 +83,7 @@ class TransformersEngine:
         self._cache_class = _layer_cache_class(torch)
 
     def descriptor(self, block_tokens: int) -> Descriptor:
-        return model_descriptor(self.config, model=MODEL_ID, revision=GGUF_SHA256,
-                                block_tokens=block_tokens)
+        return smollm2_descriptor(self.config, block_tokens)
 
     def new_cache(self) -> Any:
         return self._cache_class(config=self.model.config)

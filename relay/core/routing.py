@@ -1,0 +1,406 @@
+"""Where a request the relay cannot answer from its cache goes, and what the relay learns
+of the namespaces it can route: its own publishers and lower relays (as the request's
+`Reach` allows), then the upstream relay; one upstream subscription per Track (§14.4),
+coalesced FETCH misses (§14.7), TRACK_STATUS, namespace subscriptions up, down to lower
+relays and to sibling workers, and what it learned of a Track's absence (served during an
+upstream outage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from cachetools import LRUCache
+
+from relay.moqt.codes import GroupOrder, LocationFilterType, RequestErrorCode
+from relay.moqt.location_filter import LocationFilter
+from relay.moqt.params import Params
+from relay.moqt.primitives import (
+    FullTrackName,
+    Location,
+    TrackNamespace,
+    format_namespace,
+    prefixes_overlap,
+)
+from relay.session import (
+    MoqtSession,
+    RangeMarker,
+    ReceivedObject,
+    RequestRejected,
+    StreamAborted,
+)
+from relay.session.errors import SessionFailure
+from relay.transport import TransportError
+from storage.interface import OBJECT_MAX
+
+from .cache import stored_object
+from .namespaces import CACHE, PublisherEntry, Reach
+from .track import MarkerSpans, RelayTrack
+from .upstream import UNREACHABLE
+
+if TYPE_CHECKING:
+    from .relay import Relay
+
+log = logging.getLogger("kvcs.relay")
+
+# What a lower relay says in SETUP (MOQT_IMPLEMENTATION): the relay it announces to then asks
+# it which namespaces it holds under each prefix it announced (SUBSCRIBE_NAMESPACE down).
+RELAY_IMPLEMENTATION = "kvcs-relay/0.1 tree"
+
+ABSENT_TRACKS = 4096  # Track names remembered as answered DOES_NOT_EXIST upstream
+
+
+class Routing:
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self._fetches: dict[tuple[FullTrackName, Location, Location, Reach],
+                            asyncio.Future[bool]] = {}
+        self._upstream_ns: dict[TrackNamespace, Any] = {}
+        # namespaces learned from a source that has gone, of which Objects are still held
+        self._kept_ns: dict[TrackNamespace, PublisherEntry] = {}
+        # lower relays' sessions and the prefixes followed on each (SUBSCRIBE_NAMESPACE down)
+        self._children: dict[MoqtSession, dict[TrackNamespace, Any]] = {}
+        # Tracks a source answered DOES_NOT_EXIST for (bounded): what the relay learned of a
+        # Track's absence is served like what it learned of its Objects, also while the
+        # upstream is unreachable (a consumer then moves on instead of seeing an outage)
+        self._absent: LRUCache[FullTrackName, bool] = LRUCache(maxsize=ABSENT_TRACKS)
+
+    def session_closed(self, session: MoqtSession) -> None:
+        self._children.pop(session, None)
+
+    def sweep_kept(self) -> None:
+        """Kept namespaces of which the registry holds nothing any more are done."""
+        for ns in [ns for ns in self._kept_ns if not self._holds(ns)]:
+            self.relay.namespaces.remove_publisher(self._kept_ns.pop(ns))
+
+    def forget_kept_namespace(self, namespace: TrackNamespace) -> None:
+        """A purge took what was kept of a namespace whose source has gone."""
+        self._kept_ns.pop(namespace, None)
+
+    def _holds(self, namespace: TrackNamespace) -> bool:
+        """Objects of a Track of ``namespace`` are cached here (memory or LMDB)."""
+        return any(t.full_name.namespace == namespace and t.largest() is not None
+                   for t in self.relay.tracks.values())
+
+    def sources(self, namespace: TrackNamespace, reach: Reach = Reach.ALL) -> list[Any]:
+        found: list[Any] = []
+        for e in self.relay.namespaces.publishers_for(namespace):
+            src = e.source
+            if src is CACHE or getattr(src, "closed", False) or src in found:
+                continue
+            if (reach is Reach.OWN and e.upstream) or \
+                    (reach is Reach.NO_SIBLINGS and src in self.relay.siblings):
+                continue
+            found.append(src)
+        return found
+
+    def not_sibling(self, entry: PublisherEntry) -> bool:
+        """What a sibling worker may learn from this one: not what it learned from a sibling."""
+        return entry.source not in self.relay.siblings
+
+    def add_sibling(self, session: MoqtSession, nsub: Any) -> None:
+        """A session to a sibling worker and its namespace subscription: what it announces
+        becomes routable there, until either ends."""
+        self.relay.siblings.add(session)
+        session.spawn(self._follow_sibling(session, nsub), "sibling-namespaces")
+
+    async def _follow_sibling(self, session: MoqtSession, nsub: Any) -> None:
+        try:
+            await self._follow_namespaces(nsub, session)
+        finally:
+            self.relay.siblings.discard(session)
+
+    async def _upstream_session(self) -> MoqtSession | None:
+        if self.relay.upstream is None:
+            return None
+        return await self.relay.upstream.get()
+
+    async def _all_sources(self, track: RelayTrack, reach: Reach = Reach.ALL
+                           ) -> list[MoqtSession]:
+        """Where to ask for ``track``: its live publishers and lower relays (as ``reach``
+        allows), then the upstream relay (unless the request came from it)."""
+        sources: list[MoqtSession] = list(self.sources(track.full_name.namespace, reach))
+        if reach is Reach.OWN:
+            return sources
+        up = await self._upstream_session()
+        if up is not None and up not in sources:
+            sources.append(up)
+        return sources
+
+    def _nowhere(self, reach: Reach) -> RequestRejected:
+        """The refusal when no source may be asked: TIMEOUT while an upstream that could
+        know is unreachable, else DOES_NOT_EXIST."""
+        err = self.unreachable_error() if reach is not Reach.OWN else None
+        return err or RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
+
+    async def ensure_upstream(self, track: RelayTrack, *, reach: Reach = Reach.ALL
+                              ) -> RequestRejected | None:
+        """One upstream subscription per Track (§14.4): reuse or establish it, from the
+        sources ``reach`` allows."""
+        while track.establishing is not None:
+            await asyncio.shield(track.establishing)
+        if track.live:
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        track.establishing = fut
+        last: RequestRejected | None = None
+        try:
+            sources = await self._all_sources(track, reach)
+            if not sources:
+                return self._nowhere(reach)
+            cold = track.largest() is None
+            # our own choices, explicit so the upstream's defaults cannot change how we decode
+            params = Params(location_filter=LocationFilter.next_object(), forward=True,
+                            group_order=GroupOrder.ASCENDING,
+                            fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
+                                        group_order=GroupOrder.ASCENDING)
+                            if cold else None)
+            for src in sources:
+                try:
+                    sub = await asyncio.wait_for(
+                        src.subscribe(track.full_name.namespace, track.full_name.name, params),
+                        self.relay.options.default_fill_timeout)
+                except RequestRejected as e:
+                    last = e
+                    self.learned(track, e)
+                    continue
+                except (SessionFailure, TransportError, TimeoutError) as e:
+                    last = self._unanswered("SUBSCRIBE", track, e)
+                    continue
+                self.learned(track, None)
+                self.relay.counters.upstream_subscriptions += 1
+                track.attach_upstream(sub)
+                src.spawn(track.ingest(sub), "ingest")
+                return None
+            return last or RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
+        finally:
+            track.establishing = None
+            fut.set_result(None)
+
+    def learned(self, track: RelayTrack, e: RequestRejected | None) -> None:
+        """A source's answer about ``track``: DOES_NOT_EXIST is remembered, anything it
+        served forgets that."""
+        if e is None:
+            self._absent.pop(track.full_name, None)
+        elif e.code == RequestErrorCode.DOES_NOT_EXIST and self.relay.upstream is not None:
+            # only used while an upstream is unreachable (in_outage): a relay without one
+            # keeps no per-request memory of refusals
+            self._absent[track.full_name] = True
+
+    def in_outage(self, track: RelayTrack, err: RequestRejected) -> RequestRejected:
+        """The refusal to give while the upstream is unreachable: DOES_NOT_EXIST for a
+        Track the relay holds nothing of and a source said does not exist (what it learned
+        still holds), else ``err`` (TIMEOUT: it may exist up there)."""
+        if err.reason == UNREACHABLE and track.largest() is None and \
+                track.full_name in self._absent:
+            return RequestRejected(RequestErrorCode.DOES_NOT_EXIST,
+                                   "does not exist (as learned before the upstream became "
+                                   "unreachable)")
+        return err
+
+    @staticmethod
+    def _unanswered(what: str, track: RelayTrack, e: Exception) -> RequestRejected:
+        """A source that failed or did not answer in time: logged, and the refusal to give
+        if no other source answers (the Track may exist there: TIMEOUT, not DOES_NOT_EXIST)."""
+        log.warning("upstream %s for %r failed: %s", what, track, e or "no answer in time")
+        return RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
+
+    def unreachable_error(self) -> RequestRejected | None:
+        """The refusal of a request only the upstream relay could answer while it is
+        unreachable: TIMEOUT, never DOES_NOT_EXIST (the Track may well exist up there)."""
+        if self.relay.upstream is None or not self.relay.upstream.unreachable:
+            return None
+        return RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
+
+    async def fetch_upstream(self, track: RelayTrack, start: Location, end: Location, *,
+                             reach: Reach = Reach.ALL) -> bool:
+        """Upstream FETCH of [start, end] into the cache; concurrent identical misses share
+        one request (§14.7, coalescing). ``reach``: see :meth:`ensure_upstream`."""
+        key = (track.full_name, start, end, reach)
+        pending = self._fetches.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._fetches[key] = fut
+        ok = False
+        try:
+            ok = await self._do_fetch(track, start, end, reach)
+        finally:
+            del self._fetches[key]
+            fut.set_result(ok)
+        return ok
+
+    async def _do_fetch(self, track: RelayTrack, start: Location, end: Location,
+                        reach: Reach = Reach.ALL) -> bool:
+        sources = await self._all_sources(track, reach)
+        # Open-ended and whole-Group ends use the filters made for them (some peers reject
+        # an explicit End Object of 2^64-1).
+        if end.group == OBJECT_MAX and end.object == OBJECT_MAX:
+            lf = LocationFilter.absolute_start(start.group, start.object)
+        elif end.object == OBJECT_MAX:
+            lf = LocationFilter.absolute_group_end(start.group, start.object, end.group)
+        else:
+            lf = LocationFilter.absolute_range(start, end)
+        for src in sources:
+            try:
+                resp = await src.fetch(track.full_name.namespace, track.full_name.name,
+                                       Params(location_filter=lf,
+                                              group_order=GroupOrder.ASCENDING))
+                self.relay.counters.upstream_fetches += 1
+                self.learned(track, None)
+                if resp.end_location is not None and resp.end_location.object != OBJECT_MAX:
+                    # End Location is at most the responder's Largest Object (§7.10) —
+                    # unless it is {G, 2^64-1}, "all of Group G" (a convention some peers
+                    # still answer with): no Object is there, so it says nothing of L
+                    track.note_largest(resp.end_location)
+                spans = MarkerSpans(start)
+                async for ev in resp:
+                    if isinstance(ev, ReceivedObject):
+                        self.relay.counters.upstream_fetched_objects += 1
+                        spans.object(ev.location)
+                        track.append_fetched(stored_object(ev))
+                    elif isinstance(ev, RangeMarker):
+                        spans.marker(ev)
+                # FIN, no Range filters: what was skipped up to End Location does not exist
+                # (§10 item 6), except the ranges upstream marked Unknown or Timed-Out: they
+                # stay unknown here and are asked for again (§14.9). For "all of Group G",
+                # End Location is the last Location the responder knows in G (§7.10); once
+                # the Track has moved past G, G ends there.
+                covered = resp.end_location
+                if covered is not None:
+                    largest = track.largest()
+                    if lf.type == LocationFilterType.ABSOLUTE_START_GROUP_END and \
+                            covered.group == end.group and largest is not None and \
+                            largest.group > end.group:
+                        covered = end
+                    track.mark_absent(spans.absent(start, min(end, covered)))
+                return True
+            except (RequestRejected, StreamAborted, SessionFailure, TransportError) as e:
+                if isinstance(e, RequestRejected):
+                    self.learned(track, e)
+                log.info("upstream FETCH for %r failed: %s", track, e)
+        return False
+
+    async def track_status_upstream(self, track: RelayTrack, reach: Reach = Reach.ALL
+                                    ) -> RequestRejected | None:
+        """TRACK_STATUS forwarded to the Track's publishers / upstream relay, bounded by the
+        default FILL_TIMEOUT; what it learns (Largest Object, Track Properties) is kept.
+        Returns the refusal to give when no source answered because of an outage."""
+        sources = await self._all_sources(track, reach)
+        # after the lookup: a dial to the upstream that just failed makes it unreachable
+        err = self.unreachable_error() if reach is not Reach.OWN else None
+        for src in sources:
+            try:
+                ok = await asyncio.wait_for(
+                    src.track_status(track.full_name.namespace, track.full_name.name),
+                    self.relay.options.default_fill_timeout)
+            except RequestRejected as e:
+                log.info("upstream TRACK_STATUS for %r refused: %s", track, e)
+                self.learned(track, e)
+                continue
+            except (TimeoutError, SessionFailure, TransportError) as e:
+                err = self._unanswered("TRACK_STATUS", track, e)
+                continue
+            if ok.params.largest_object is None:
+                continue
+            track.note_largest(ok.params.largest_object)
+            if ok.track_properties and not track.properties:
+                track.set_properties(ok.track_properties)
+            return None
+        return err
+
+    async def subscribe_namespace_upstream(self, prefix: TrackNamespace) -> None:
+        """Aggregated SUBSCRIBE_NAMESPACE upstream; what it announces becomes routable there."""
+        if prefix in self._upstream_ns or self.relay.upstream is None:
+            return
+        up = await self._upstream_session()
+        if up is None:
+            return
+        for existing in self._upstream_ns:
+            if prefixes_overlap(existing, prefix) and len(existing) <= len(prefix):
+                return  # an existing upstream prefix already covers it
+        self._upstream_ns[prefix] = None
+        try:
+            nsub = await up.subscribe_namespace(prefix)
+        except (RequestRejected, SessionFailure, TransportError) as e:
+            log.info("upstream SUBSCRIBE_NAMESPACE failed: %s", e)
+            self._upstream_ns.pop(prefix, None)
+            return
+        self._upstream_ns[prefix] = nsub
+        up.spawn(self._follow_upstream_namespaces(prefix, nsub, up), "upstream-namespaces")
+
+    async def _follow_upstream_namespaces(self, prefix: TrackNamespace, nsub: Any,
+                                          up: MoqtSession) -> None:
+        try:
+            await self._follow_namespaces(nsub, up)
+        finally:
+            self._upstream_ns.pop(prefix, None)
+
+    def follow_child(self, session: MoqtSession, prefix: TrackNamespace
+                     ) -> Callable[[], None]:
+        """A lower relay announced ``prefix`` (one PUBLISH_NAMESPACE per prefix, however
+        many publications under it): ask it which namespaces it holds there
+        (SUBSCRIBE_NAMESPACE down that session), so discovery anywhere in the tree finds
+        them. They are this relay's own namespaces (announced further up, and requests
+        for them routed down). Returns what stops following (the announcement ended)."""
+        setup = session.peer_setup
+        followed = self._children.setdefault(session, {})
+        if setup is None or setup.moqt_implementation != RELAY_IMPLEMENTATION or \
+                any(prefixes_overlap(p, prefix) for p in followed):
+            return lambda: None
+        task = session.spawn(self._follow_child(session, prefix), "child-namespaces")
+        followed[prefix] = task
+
+        def stop() -> None:
+            if followed.get(prefix) is task:
+                del followed[prefix]
+                task.cancel()
+        return stop
+
+    async def _follow_child(self, session: MoqtSession, prefix: TrackNamespace) -> None:
+        try:
+            nsub = await asyncio.wait_for(session.subscribe_namespace(prefix),
+                                          self.relay.options.default_fill_timeout)
+        except (RequestRejected, SessionFailure, TransportError, TimeoutError) as e:
+            log.info("lower relay's namespaces under %s not followed: %s",
+                     format_namespace(prefix), e or "no answer in time")
+            return
+        try:
+            await self._follow_namespaces(nsub, session, upstream=False)
+        finally:
+            nsub.cancel()
+
+    async def _follow_namespaces(self, nsub: Any, source: MoqtSession, *,
+                                 upstream: bool = True) -> None:
+        """What a namespace subscription to ``source`` announces is routable there, until
+        withdrawn or the subscription ends. ``upstream``: learned from the upstream relay or
+        a sibling worker (not this relay's own, see PublisherEntry)."""
+        entries: dict[TrackNamespace, PublisherEntry] = {}
+        try:
+            async for ev in nsub:
+                if ev.active:
+                    e = PublisherEntry(ev.namespace, source, upstream=upstream)
+                    entries[ev.namespace] = e
+                    self.relay.namespaces.add_publisher(e)
+                else:
+                    e2 = entries.pop(ev.namespace, None)
+                    if e2 is not None:
+                        self.relay.namespaces.remove_publisher(e2)
+        except SessionFailure:
+            pass
+        finally:
+            for e in entries.values():
+                if upstream and e.namespace not in self._kept_ns and \
+                        self._holds(e.namespace):
+                    # the source is gone, not the namespace: what this relay holds of it
+                    # stays discoverable and served (as learned, like its Objects) until
+                    # the registry forgets its last Track (sweep)
+                    kept = self._kept_ns[e.namespace] = PublisherEntry(e.namespace, CACHE)
+                    self.relay.namespaces.add_publisher(kept)
+                self.relay.namespaces.remove_publisher(e)
+
+
+__all__ = ["Routing"]

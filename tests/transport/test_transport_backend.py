@@ -77,6 +77,11 @@ def test_aioquic_private_members_still_exist() -> None:
     from aioquic.asyncio.server import QuicServer
     for name in _aioquic.PRIVATE_MEMBERS[QuicServer]:
         assert _h3_uses(QuicServer, name), f"aioquic QuicServer.{name}"
+    # the controller and pacer the bbr model replaces (congestion.py, ModelPacer)
+    from aioquic.quic.recovery import QuicPacketRecovery
+    loss = quic._loss  # type: ignore[attr-defined]
+    for name in _aioquic.PRIVATE_MEMBERS[QuicPacketRecovery]:
+        assert hasattr(loss, name), f"aioquic QuicPacketRecovery.{name}"
 
 
 def test_qh3_private_members_still_exist() -> None:

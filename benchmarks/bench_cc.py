@@ -21,7 +21,8 @@ misses the deadline is marked: a raw row then gives the rate of what arrived by 
 row the whole size over the time it had (an upper bound). Run:
 ``python -m benchmarks cc`` (env: BENCH_CC_MB=16, BENCH_CC_RTTS_MS=20,40,
 BENCH_CC_LOSSES=0,0.1,1, BENCH_CC_ALGOS=reno,cubic,bbr, BENCH_CC_REPEATS=1,
-BENCH_CC_DEADLINE=90, BENCH_CC_KVCS=0).
+BENCH_CC_DEADLINE=90, BENCH_CC_KVCS=0; with BENCH_CC_KVCS=1, "qh3" among the algorithms
+runs relay and client on qh3 with its own controller, for comparison).
 """
 
 from __future__ import annotations
@@ -264,19 +265,24 @@ async def kvcs_fetch(algo: str, rtt: float, loss: float, seed: int, deadline: fl
                      ) -> tuple[float, bool, int]:
     """(seconds to the last usable layer, complete, bytes) of a completed publication
     fetched (what ``kvcs fetch`` runs) through the forwarder from a ``kvcs relay`` process
-    whose ``congestion_control`` is ``algo``; the fetching client uses ``algo`` too."""
+    on aioquic whose ``congestion_control`` is ``algo``; the fetching client uses ``algo``
+    too. ``algo`` "qh3": relay and client on qh3 instead, with its core's own controller
+    (for comparison: it has no choice)."""
     d, k, v, tokens = _cache()
+    backend = "qh3" if algo == "qh3" else "aioquic"
+    extra = () if algo == "qh3" else ("--congestion-control", algo)
+    settings = (dataclasses.replace(PEER_SETTINGS, backend="qh3") if algo == "qh3"
+                else dataclasses.replace(PEER_SETTINGS, congestion_control=algo))
     with tempfile.TemporaryDirectory() as tmp:
-        async with _RelayProcess(Path(tmp), 1200, "aioquic",
-                                 extra=("--congestion-control", algo)) as relay:
-            direct = RelayAccess((relay.url,), ca_file=relay.certfile)
+        async with _RelayProcess(Path(tmp), 1200, backend, extra=extra) as relay:
+            direct = RelayAccess((relay.url,), ca_file=relay.certfile, settings=settings)
             plan = PublicationPlan(k, v, d, SCOPE_KEY, tokens)
             await asyncio.wait_for(publish_plan(plan, direct, PublishOptions(confirm="fetch")),
                                    120)
             with Forwarder(relay.port, rtt, loss, seed) as fwd:
                 access = RelayAccess(
                     (f"moqt://{_HOST}:{fwd.port}/",), ca_file=relay.certfile,
-                    settings=dataclasses.replace(PEER_SETTINGS, congestion_control=algo))
+                    settings=settings)
                 opts = RetrieveOptions(access, d, SCOPE_KEY, tokens, mode="completed",
                                        publications=[(plan.namespace, None)],
                                        deadline=deadline)

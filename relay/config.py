@@ -20,8 +20,10 @@ from typing import Any
 from relay.core.relay import RelayOptions
 from relay.service import RelayConfig
 from relay.session.tokens import read_token_file
+from relay.transport.config import CONGESTION_CONTROLS
 
 ENV_PREFIX = "KVCS_RELAY_"
+_QUIC_CC = RelayConfig.congestion_control
 
 
 class ConfigError(ValueError):
@@ -183,6 +185,10 @@ KEYS: tuple[Key, ...] = (
     Key("quic_backend", _choice("aioquic", "qh3"), "aioquic", "QUIC library: aioquic, or "
         "qh3 (the fast extra: a native QUIC core, several times the throughput per core); "
         "see docs/transport.md.", "aioquic"),
+    Key("congestion_control", _choice(*CONGESTION_CONTROLS), _QUIC_CC, "aioquic congestion "
+        "controller of all the relay's connections: bbr (paces at a model of the path; random "
+        "loss does not slow it), or aioquic's loss-based reno or cubic. qh3 has its own and "
+        "no choice (setting it with qh3 is an error); see docs/transport.md.", _QUIC_CC),
     Key("max_backlog_bytes", _int, RelayOptions.max_backlog_bytes, "Bytes queued for one "
         "subscriber beyond which its subscription ends as too far behind.",
         str(RelayOptions.max_backlog_bytes)),
@@ -243,6 +249,7 @@ class Settings:
             upstream_announce_fields=v["upstream_announce_fields"], memory_bytes=v["memory_bytes"],
             lmdb_bytes=v["lmdb_bytes"], lmdb_max_age=v["lmdb_max_age"],
             max_datagram_size=v["max_datagram_size"], quic_backend=v["quic_backend"],
+            congestion_control=v["congestion_control"],
             options=RelayOptions(max_backlog_bytes=v["max_backlog_bytes"],
                                  default_fill_timeout=v["fill_timeout"],
                                  upstream_push=v["upstream_push"]),
@@ -364,6 +371,11 @@ def load(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
         p = values[name]
         if p is not None and not Path(p).is_file():
             raise ConfigError(f"{name} ({sources[name]}): {p} is not a file")
+    if values["quic_backend"] == "qh3" and sources["congestion_control"] != "default":
+        raise ConfigError(
+            f"congestion_control ({sources['congestion_control']}) applies to aioquic only: "
+            "qh3's native core has its own congestion control and no choice (drop it, or "
+            "use quic_backend = \"aioquic\")")
     settings = Settings(values, sources, tokens, config_file)
     settings.admin_token = admin_token
     if values["upstream_token"] is not None:

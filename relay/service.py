@@ -67,6 +67,8 @@ class RelayConfig:
     # "aioquic" or "qh3"; None: the process default (relay.transport.backend), which tests
     # switch to run the relay on either backend
     quic_backend: str | None = None
+    # aioquic's congestion controller (bbr, reno, cubic); qh3 has its own
+    congestion_control: str = _QUIC_DEFAULTS["congestion_control"]
     send_buffer_bytes: int = 1 << 20
     wt_path: str = "/moq"
     options: RelayOptions = field(default_factory=RelayOptions)
@@ -210,6 +212,7 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
     # scheduler (in priority order, counted against its backlog bound), not in QUIC's queue.
     settings = QuicSettings(max_datagram_size=config.max_datagram_size,
                             backend=config.quic_backend,
+                            congestion_control=config.congestion_control,
                             send_buffer_high=config.send_buffer_bytes // 2,
                             connection_send_buffer_high=config.send_buffer_bytes)
     tokens = list(config.auth_tokens)

@@ -4,6 +4,7 @@ libraries. Every failure is one line on stderr and a documented non-zero exit co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -33,8 +34,9 @@ from relay.transport.backend import (
     get_backend,
     set_default_backend,
 )
+from relay.transport.config import CONGESTION_CONTROLS
 
-from .connect import RelayAccess
+from .connect import PEER_SETTINGS, RelayAccess
 from .engine_options import engine_options
 from .errors import EXIT_ERROR, EXIT_USAGE, PeerError
 from .inputs import format_namespace, load_descriptor, load_key, load_tokens, parse_namespace_text
@@ -102,20 +104,34 @@ def _access(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
             value = read_token_file(token)
         except ValueError as e:
             raise PeerError(f"--token: {e}", EXIT_USAGE) from None
+    settings = PEER_SETTINGS
+    if _congestion_control is not None:
+        settings = dataclasses.replace(settings, congestion_control=_congestion_control)
     return RelayAccess(tuple(relay), ca_file=ca, insecure=insecure, timeout=connect_ms / 1000,
-                       token=value)
+                       token=value, settings=settings)
+
+
+# --congestion-control of the command running (one per process); None: QuicSettings' default
+_congestion_control: str | None = None
 
 
 def _with_quic_backend(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Take --quic-backend off the command's arguments and make it the process's client
-    backend (every session of a peer command is a client)."""
+    """Take --quic-backend and --congestion-control off the command's arguments: the
+    backend becomes the process's client backend (every session of a peer command is a
+    client), the controller goes into the sessions' QUIC settings (``_access``)."""
     @functools.wraps(fn)
-    def wrapper(*args: Any, quic_backend: str, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, quic_backend: str, congestion_control: str | None,
+                **kwargs: Any) -> Any:
+        global _congestion_control
         try:
             get_backend(quic_backend)
         except BackendUnavailable as e:
             _fail(str(e), 2)
+        if congestion_control is not None and quic_backend != "aioquic":
+            _fail(f"--congestion-control applies to aioquic only: {quic_backend}'s native "
+                  "core has its own congestion control and no choice", 2)
         set_default_backend(client=quic_backend)
+        _congestion_control = congestion_control
         return fn(*args, **kwargs)
     return wrapper
 
@@ -137,6 +153,11 @@ def relay_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--quic-backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
                       show_default=True, envvar="KVCS_QUIC_BACKEND",
                       help="QUIC library: aioquic, or qh3 (the fast extra).")(fn)
+    fn = click.option("--congestion-control", type=click.Choice(CONGESTION_CONTROLS),
+                      default=None, envvar="KVCS_CONGESTION_CONTROL",
+                      help=f"aioquic congestion controller (default "
+                           f"{PEER_SETTINGS.congestion_control}: paces at a model of the "
+                           "path, random loss does not slow it). qh3 has no choice.")(fn)
     fn = click.option("--token", type=click.Path(dir_okay=False, path_type=Path),
                       envvar="KVCS_TOKEN_FILE",
                       help="File holding the authorization token sent to the relays "

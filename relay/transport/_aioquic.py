@@ -23,13 +23,16 @@ from aioquic.h3 import events as h3_events
 from aioquic.h3.connection import H3Connection
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.congestion.base import register_congestion_control
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.recovery import QuicPacketPacer, QuicPacketRecovery
 from aioquic.quic.stream import QuicStream, QuicStreamSender
 
 from .backend import UnreadBytes, aioquic_shaped
 from .config import QuicSettings
+from .congestion import BbrCongestionControl
 
 # one frame type byte plus two varints (stream id, maximum)
 _MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * 8
@@ -40,11 +43,54 @@ PRIVATE_MEMBERS = {
                      "_local_max_data", "_local_max_streams_bidi", "_local_max_streams_uni",
                      "_remote_max_streams_bidi", "_remote_max_streams_uni",
                      "_remote_max_data_used", "_remote_max_datagram_frame_size",
-                     "_close_event", "_loss", "_on_max_stream_data_delivery"),
+                     "_close_event", "_loss", "_on_max_stream_data_delivery",
+                     "_max_datagram_size"),
     QuicStreamSender: ("_buffer_stop", "_reset_error_code"),
     H3Connection: ("_stream",),
     QuicServer: ("_protocols",),
+    QuicPacketRecovery: ("_cc", "_pacer"),
 }
+
+# aioquic makes its controller by name from the configuration (congestion_control_algorithm)
+register_congestion_control("bbr", BbrCongestionControl)
+
+# Pacing bursts: at least this long at the pacing rate. asyncio's selector sleeps in whole
+# milliseconds, so a bucket of aioquic's 16 packets caps the rate at 16 packets per wake-up
+# (19 MB/s at 1200 bytes) however fast the model says the path is.
+_PACING_BURST_TIME = 0.002
+
+
+class ModelPacer(QuicPacketPacer):
+    """aioquic's pacer, pacing at the controller's :meth:`~relay.transport.congestion.
+    BbrCongestionControl.pacing_rate`. aioquic's own paces at window / smoothed RTT, which
+    suits Reno (window ~ BDP) but is 2x too fast for a model whose window is 2 x BDP, and
+    whose STARTUP and probing phases pace above or below the delivery rate on purpose."""
+
+    def __init__(self, cc: BbrCongestionControl, max_datagram_size: int) -> None:
+        super().__init__(max_datagram_size=max_datagram_size)
+        self._cc = cc
+
+    def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
+        rate = self._cc.pacing_rate(smoothed_rtt)
+        mss = self._max_datagram_size
+        if rate == float("inf"):
+            self.packet_time = None  # no RTT yet: nothing to pace by
+            return
+        self.packet_time = max(1e-6, min(mss / rate, 1.0))
+        burst = max(2 * mss, min(congestion_window // 4,
+                                 max(16 * mss, int(rate * _PACING_BURST_TIME))))
+        self.bucket_max = burst / rate
+        if self.bucket_time > self.bucket_max:
+            self.bucket_time = self.bucket_max
+
+
+def use_model_pacer(quic: QuicConnection) -> None:
+    """Pace ``quic`` by its controller's model when it has one (bbr); a no-op for reno and
+    cubic. Must run before the first packet is acknowledged (the endpoint does it when it
+    adopts the connection; benchmarks on plain aioquic call it themselves)."""
+    loss = quic._loss
+    if isinstance(loss._cc, BbrCongestionControl) and not isinstance(loss._pacer, ModelPacer):
+        loss._pacer = ModelPacer(loss._cc, quic._max_datagram_size)
 
 
 class CreditedQuicConnection(QuicConnection):
@@ -130,6 +176,7 @@ class AioquicView:
         for lim, value in ((q._local_max_streams_bidi, settings.max_streams_bidi),
                            (q._local_max_streams_uni, settings.max_streams_uni)):
             lim.value = lim.sent = value
+        use_model_pacer(q)
         self._q = q
         self._queued = 0  # application bytes handed to aioquic (for the connection HWM)
 

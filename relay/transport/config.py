@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from .backend import BACKENDS
 
 MOQT_ALPN = "moqt-22"
+
+CONGESTION_CONTROLS = ("bbr", "reno", "cubic")
+"""aioquic's congestion controllers we offer (bbr is ours, relay/transport/congestion.py)."""
 H3_ALPN = "h3"
 
 # STOP_SENDING code when a stream overflows its receive bound (MOQT EXCESSIVE_LOAD, §11.9).
@@ -78,8 +81,11 @@ class QuicSettings:
     connect_timeout: float = 10.0
     """Seconds for the QUIC handshake plus, for WebTransport, the CONNECT exchange."""
 
-    congestion_control: str = "reno"
-    """aioquic congestion controller: "reno" or "cubic" (qh3's core chooses its own)."""
+    congestion_control: str = "bbr"
+    """aioquic congestion controller: "bbr" (``congestion.py``: paces at a model of the
+    path's bandwidth and RTT, so random loss does not slow it down), or aioquic's loss-based
+    "reno" or "cubic". qh3's native core has its own and no choice: ignored there.
+    docs/transport.md has the measurements behind the default."""
 
     backend: str | None = None
     """The QUIC library: "aioquic" or "qh3" (the ``fast`` extra; a native core, several
@@ -101,6 +107,9 @@ class QuicSettings:
             raise ValueError("keepalive_interval must be in (0, idle_timeout)")
         if self.send_buffer_high < 1:
             raise ValueError("send_buffer_high must be positive")
+        if self.congestion_control not in CONGESTION_CONTROLS:
+            raise ValueError(f"unknown congestion controller {self.congestion_control!r} "
+                             f"(choose from {', '.join(CONGESTION_CONTROLS)})")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"unknown QUIC backend {self.backend!r} "
                              f"(choose from {', '.join(BACKENDS)})")

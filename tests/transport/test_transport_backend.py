@@ -81,6 +81,11 @@ def test_aioquic_private_members_still_exist() -> None:
     sender = QuicStreamSender(stream_id=0, writable=True)
     for name in _aioquic.PRIVATE_MEMBERS[QuicStreamSender]:
         assert hasattr(sender, name), f"aioquic QuicStreamSender.{name}"
+    # the controller and pacer the bbr model replaces (congestion.py, ModelPacer)
+    from aioquic.quic.recovery import QuicPacketRecovery
+    loss = quic._loss  # type: ignore[attr-defined]
+    for name in _aioquic.PRIVATE_MEMBERS[QuicPacketRecovery]:
+        assert hasattr(loss, name), f"aioquic QuicPacketRecovery.{name}"
 
 
 def test_qh3_private_members_still_exist() -> None:

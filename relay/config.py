@@ -117,6 +117,13 @@ def _choice(*choices: str) -> Callable[[Any], str]:
     return parse
 
 
+def _wt_path(v: Any) -> str:
+    s = str(v)
+    if not s.startswith("/") or any(c.isspace() or c in "?#" for c in s):
+        raise ValueError(f"expected a path such as /moq, got {v!r}")
+    return s
+
+
 def _log_level(v: Any) -> str:
     s = str(v).strip().upper()
     if s not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -133,6 +140,13 @@ class Key:
     text_default: str  # the default as written in a flag, env var or TOML value
     multiple: bool = False  # repeatable flag (lists)
     is_flag: bool = False  # boolean switch on the command line
+    # the RelayConfig field it sets ("options.x": RelayOptions.x); "": the key's own name;
+    # None: read elsewhere (the CLI, the logs, the token and quota tables)
+    to: str | None = ""
+
+    @property
+    def target(self) -> str | None:
+        return self.name if self.to == "" else self.to
 
     @property
     def flag(self) -> str:
@@ -144,8 +158,9 @@ class Key:
 
 
 KEYS: tuple[Key, ...] = (
-    Key("listen", _hostport, ("127.0.0.1", 4433), "UDP HOST:PORT for raw QUIC (moqt-22) and "
-        "WebTransport.", "127.0.0.1:4433"),
+    Key("listen", _hostport, (RelayConfig.listen_host, RelayConfig.listen_port),
+        "UDP HOST:PORT for raw QUIC (moqt-22) and WebTransport.",
+        f"{RelayConfig.listen_host}:{RelayConfig.listen_port}", to=None),
     Key("data_dir", _path, Path("data"), "Directory of the LMDB store and of the self-signed "
         "certificate.", "data"),
     Key("cert", _opt_path, None, "TLS certificate chain (PEM); with --key. Without both, a "
@@ -155,7 +170,7 @@ KEYS: tuple[Key, ...] = (
         "repeatable, tried in order. Env: comma-separated.", "", multiple=True),
     Key("upstream_ca", _opt_path, None, "CA file for the upstream relay's certificate.", ""),
     Key("upstream_token", _opt_path, None, "File holding the token the relay presents to "
-        "its upstream relay (AUTHORIZATION_TOKEN in SETUP); unset: none.", ""),
+        "its upstream relay (AUTHORIZATION_TOKEN in SETUP); unset: none.", "", to=None),
     Key("upstream_idle_timeout", _positive_float, RelayConfig.upstream_idle_timeout,
         "Seconds without a packet from the upstream relay (PINGed every third of it) before "
         "its session counts as dead; also bounds each dial.",
@@ -165,7 +180,8 @@ KEYS: tuple[Key, ...] = (
         "namespaces this relay holds (2: per KVCS scope); 0: one per whole namespace.",
         str(RelayConfig.upstream_announce_fields)),
     Key("upstream_push", _bool, False, "PUBLISH every Track this relay's publishers PUBLISH "
-        "to the upstream relay as it arrives (off: pulled on demand).", "false", is_flag=True),
+        "to the upstream relay as it arrives (off: pulled on demand).", "false", is_flag=True,
+        to="options.upstream_push"),
     Key("upstream_insecure", _bool, False, "Do not verify the upstream certificate (loopback "
         "development only).", "false", is_flag=True),
     Key("memory_bytes", _int, RelayConfig.memory_bytes, "Byte bound of the memory tier "
@@ -175,13 +191,14 @@ KEYS: tuple[Key, ...] = (
     Key("lmdb_max_age", _opt_float, None, "Seconds after which a committed Track expires "
         "from LMDB (unset: never).", ""),
     Key("scope_memory_bytes", _int, 0, "Memory-tier quota of each scope (KVCS Scope ID) "
-        "without one of its own in [scopes.\"<hex>\"]; 0: none.", "0"),
+        "without one of its own in [scopes.\"<hex>\"]; 0: none.", "0", to=None),
     Key("scope_lmdb_bytes", _int, 0, "LMDB quota of each scope without one of its own in "
-        "[scopes.\"<hex>\"]; 0: none.", "0"),
+        "[scopes.\"<hex>\"]; 0: none.", "0", to=None),
     Key("max_datagram_size", _int, RelayConfig.max_datagram_size, "UDP payload size; raise "
         "to the path MTU (e.g. 8952) on jumbo-frame paths.", str(RelayConfig.max_datagram_size)),
     Key("workers", _workers, 1, "Relay worker processes sharing the UDP port and the LMDB "
-        "store (SO_REUSEPORT); auto: one per usable core. See docs/workers.md.", "1"),
+        "store (SO_REUSEPORT); auto: one per usable core. See docs/workers.md.", "1",
+        to=None),
     Key("quic_backend", _choice("aioquic", "qh3"), "aioquic", "QUIC library: aioquic, or "
         "qh3 (the fast extra: a native QUIC core, several times the throughput per core); "
         "see docs/transport.md.", "aioquic"),
@@ -191,12 +208,13 @@ KEYS: tuple[Key, ...] = (
         "no choice (setting it with qh3 is an error); see docs/transport.md.", _QUIC_CC),
     Key("max_backlog_bytes", _int, RelayOptions.max_backlog_bytes, "Bytes queued for one "
         "subscriber beyond which its subscription ends as too far behind.",
-        str(RelayOptions.max_backlog_bytes)),
+        str(RelayOptions.max_backlog_bytes), to="options.max_backlog_bytes"),
     Key("max_sessions", _int, RelayOptions.max_sessions, "Sessions served at once; more are "
-        "refused before SETUP and counted. 0: no bound.", str(RelayOptions.max_sessions)),
+        "refused before SETUP and counted. 0: no bound.", str(RelayOptions.max_sessions),
+        to="options.max_sessions"),
     Key("fill_timeout", _positive_float, RelayOptions.default_fill_timeout, "Seconds a fill "
         "or FETCH waits for unknown Objects when the request gives no FILL_TIMEOUT.",
-        str(RelayOptions.default_fill_timeout)),
+        str(RelayOptions.default_fill_timeout), to="options.default_fill_timeout"),
     Key("metrics_listen", _hostport_or_off, ("127.0.0.1", 9464), "TCP HOST:PORT of the "
         "/metrics, /healthz and /readyz listener, or 'off'.", "127.0.0.1:9464"),
     Key("drain_timeout", _positive_float, RelayConfig.drain_timeout, "Seconds, after "
@@ -204,14 +222,19 @@ KEYS: tuple[Key, ...] = (
         "finish.", str(RelayConfig.drain_timeout)),
     Key("ready_file", _opt_path, None, "Once listening, write {\"port\", \"metrics_port\", "
         "\"pid\"} as JSON to this file (for supervisors and tests).", ""),
+    Key("send_buffer_bytes", _int, RelayConfig.send_buffer_bytes, "Bytes queued for sending "
+        "on one connection before its writers wait (half of it per stream).",
+        str(RelayConfig.send_buffer_bytes)),
+    Key("wt_path", _wt_path, RelayConfig.wt_path, "Path of the WebTransport endpoint "
+        "(https://HOST:PORT<path>).", RelayConfig.wt_path),
     Key("tokens_file", _opt_path, None, "A TOML file holding only [[auth.tokens]] (e.g. a "
-        "mounted Kubernetes Secret); added to the tokens of the config file.", ""),
+        "mounted Kubernetes Secret); added to the tokens of the config file.", "", to=None),
     Key("admin_token_file", _opt_path, None, "File holding the bearer token of the admin API "
-        "(/admin/ on the metrics listener); unset: the admin API is off.", ""),
+        "(/admin/ on the metrics listener); unset: the admin API is off.", "", to=None),
     Key("log_level", _log_level, "INFO", "DEBUG, INFO, WARNING, ERROR or CRITICAL.",
-        "INFO"),
+        "INFO", to=None),
     Key("log_format", _choice("text", "json"), "text", "text (one line per event) or json "
-        "(one object per line).", "text"),
+        "(one object per line).", "text", to=None),
 )
 KEY_BY_NAME = {k.name: k for k in KEYS}
 # TOML-only tables (secrets and structured values)
@@ -240,25 +263,17 @@ class Settings:
     def relay_config(self) -> Any:
         """The :class:`relay.service.RelayConfig` these settings describe."""
         v = self.values
-        host, port = v["listen"]
-        cfg = RelayConfig(
-            listen_host=host, listen_port=port, data_dir=v["data_dir"], cert=v["cert"],
-            key=v["key"], upstream=list(v["upstream"]), upstream_ca=v["upstream_ca"],
-            upstream_insecure=v["upstream_insecure"],
-            upstream_idle_timeout=v["upstream_idle_timeout"],
-            upstream_announce_fields=v["upstream_announce_fields"], memory_bytes=v["memory_bytes"],
-            lmdb_bytes=v["lmdb_bytes"], lmdb_max_age=v["lmdb_max_age"],
-            max_datagram_size=v["max_datagram_size"], quic_backend=v["quic_backend"],
-            congestion_control=v["congestion_control"],
-            options=RelayOptions(max_backlog_bytes=v["max_backlog_bytes"],
-                                 default_fill_timeout=v["fill_timeout"],
-                                 upstream_push=v["upstream_push"]),
-            auth_tokens=[dict(t) for t in self.auth_tokens],
-            metrics_listen=v["metrics_listen"], drain_timeout=v["drain_timeout"],
-            ready_file=v["ready_file"])
+        cfg = RelayConfig()
+        for key in KEYS:
+            if key.target is not None:
+                obj, _, attr = key.target.rpartition(".")
+                value = v[key.name]
+                setattr(getattr(cfg, obj) if obj else cfg, attr,
+                        list(value) if isinstance(value, list) else value)
+        cfg.listen_host, cfg.listen_port = v["listen"]
+        cfg.auth_tokens = [dict(t) for t in self.auth_tokens]
         cfg.admin_token = self.admin_token
         cfg.upstream_token = self.upstream_token
-        cfg.options.max_sessions = v["max_sessions"]
         cfg.scope_quotas = self.scope_quotas()
         return cfg
 

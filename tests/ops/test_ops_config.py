@@ -3,6 +3,7 @@ every key documented; logs in JSON with tokens scrubbed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -14,6 +15,8 @@ import pytest
 
 from relay import logs
 from relay.config import KEYS, ConfigError, load, render
+from relay.core.relay import RelayOptions
+from relay.service import RelayConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 KVCS = [sys.executable, "-m", "relay.cli"]
@@ -118,6 +121,27 @@ def test_the_settings_table_is_the_keys() -> None:
         # the docs may format names as code; the words are the code's
         assert meaning.replace("`", "").startswith(k.help.replace("`", "")), k.name
     assert "[[auth.tokens]]" in doc
+
+
+def test_every_setting_of_the_relay_has_a_key_and_the_keys_set_it() -> None:
+    """Configuration defined once: every field of RelayConfig and RelayOptions a user may
+    set is some key's target (so it has a flag, an env var and a TOML key), and a value
+    given for each key reaches that field."""
+    not_settings = {"listen_host", "listen_port",  # `listen`
+                    "upstream_token", "auth_tokens", "admin_token", "scope_quotas",  # files
+                    "options", "worker", "clock",  # composition, workers, tests
+                    "options.session", "options.in_flight_wait"}  # protocol tuning
+    fields = {f.name for f in dataclasses.fields(RelayConfig)} | \
+        {f"options.{f.name}" for f in dataclasses.fields(RelayOptions)}
+    targets = {k.target for k in KEYS if k.target is not None}
+    assert fields - not_settings == targets
+    cfg = load({"send_buffer_bytes": "4096", "wt_path": "/kv", "fill_timeout": "2.5",
+                "max_sessions": "7", "upstream_push": True, "listen": "127.0.0.1:7"},
+               {}).relay_config()
+    assert (cfg.send_buffer_bytes, cfg.wt_path, cfg.options.default_fill_timeout) == \
+        (4096, "/kv", 2.5)
+    assert (cfg.options.max_sessions, cfg.options.upstream_push) == (7, True)
+    assert (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 7)
 
 
 def test_render_round_trips_through_the_file_loader(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Suite-wide: the QUIC backend matrix (tests/backends.py), and a fresh folder for the
-transformers engine's converted weights."""
+"""Suite-wide: the QUIC backend matrix (tests/backends.py), a fresh folder for the
+transformers engine's converted weights, and which tests stay together in one pytest-xdist
+worker (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,38 @@ _SUITES = {"transport": ALL, "session": ALL, "core": SAME, "ops": SAME, "interop
            "e2e": SAME}
 _MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL}
 
+# Folders whose tests all run in one xdist worker, one after another (`--dist loadgroup`,
+# set in pyproject.toml): the model tests share the worker's loaded engines (one load of
+# each model per run instead of one per worker), and tests/net's network namespaces are set
+# up and torn down by one process at a time. The other worker goes on with the rest.
+_GROUPS = {"model": "model", "net": "net"}
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # Every run converts the GGUF file once (the first in-process load) and the commands the
     # tests start read that copy: a user's own cache never stands in for the conversion.
+    # xdist's workers inherit the folder the controlling process made (and removes).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     folder = tempfile.mkdtemp(prefix="kvcs-model-cache-")
     os.environ["KVCS_MODEL_CACHE"] = folder
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+def _folder(path: Path) -> str | None:
+    parts = path.parts
+    if "tests" not in parts:
+        return None
+    rel = parts[parts.index("tests") + 1:]
+    return rel[0] if len(rel) >= 2 else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names the grouped tests by their group
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _GROUPS.get(_folder(item.path) or "")
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _pairs(path: Path) -> dict[str, tuple[str, str]] | None:

@@ -26,6 +26,7 @@ _MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL}
 # each model per run instead of one per worker), and tests/net's network namespaces are set
 # up and torn down by one process at a time. The other worker goes on with the rest.
 _GROUPS = {"model": "model", "net": "net"}
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,6 +38,14 @@ def pytest_configure(config: pytest.Config) -> None:
     folder = tempfile.mkdtemp(prefix="kvcs-model-cache-")
     os.environ["KVCS_MODEL_CACHE"] = folder
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    workers = getattr(config.option, "numprocesses", None)  # xdist's -n (an int by now)
+    if isinstance(workers, int) and workers > 1:
+        # One BLAS/OpenMP thread per worker (and per command a test starts): the workers
+        # already use the cores, and the pools' spinning threads on an oversubscribed
+        # machine cost the model tests several times their CPU. Producer and consumer
+        # still run with equal thread counts (the bit-equality tests need it).
+        for name in _THREAD_VARS:
+            os.environ.setdefault(name, "1")
 
 
 def _folder(path: Path) -> str | None:

@@ -48,27 +48,23 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ.setdefault(name, "1")
 
 
-def _folder(path: Path) -> str | None:
+def _under_tests(path: Path) -> tuple[str, ...]:
+    """``path``'s parts below tests/ (a test module in a folder of tests/ has two or more)."""
     parts = path.parts
-    if "tests" not in parts:
-        return None
-    rel = parts[parts.index("tests") + 1:]
-    return rel[0] if len(rel) >= 2 else None
+    return parts[parts.index("tests") + 1:] if "tests" in parts else ()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist names the grouped tests by their group
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        group = _GROUPS.get(_folder(item.path) or "")
+        rel = _under_tests(item.path)
+        group = _GROUPS.get(rel[0]) if len(rel) >= 2 else None
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _pairs(path: Path) -> dict[str, tuple[str, str]] | None:
-    parts = path.parts
-    if "tests" not in parts:
-        return None
-    rel = parts[parts.index("tests") + 1:]
+    rel = _under_tests(path)
     if len(rel) < 2:
         return None
     return _MODULES.get(rel[-1], _SUITES.get(rel[0]))

@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from backends import ALL, SAME, use_backends
@@ -22,9 +23,10 @@ _SUITES = {"transport": ALL, "session": ALL, "core": SAME, "ops": SAME, "interop
 _MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL}
 
 # Folders whose tests all run in one xdist worker, one after another (`--dist loadgroup`,
-# set in pyproject.toml): the model tests share the worker's loaded engines (one load of
-# each model per run instead of one per worker), and tests/net's network namespaces are set
-# up and torn down by one process at a time. The other worker goes on with the rest.
+# set in pyproject.toml; pytest_xdist_make_scheduler below): the model tests share the
+# worker's loaded engines (one load of each model per run instead of one per worker), and
+# tests/net's network namespaces are set up and torn down by one process at a time. The
+# other worker goes on with the rest.
 _GROUPS = {"model": "model", "net": "net"}
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -54,13 +56,22 @@ def _under_tests(path: Path) -> tuple[str, ...]:
     return parts[parts.index("tests") + 1:] if "tests" in parts else ()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist names the grouped tests by their group
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        rel = _under_tests(item.path)
-        group = _GROUPS.get(rel[0]) if len(rel) >= 2 else None
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` whose groups are the folders of _GROUPS: each group is one unit of
+    work for one worker, every other test a unit of its own. xdist_group marks alone group
+    nothing here: pytest-xdist 3.8 tells its scheduler a marked test's group by renaming the
+    test through an attribute that pytest 9 no longer reads."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FolderGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            rel = _under_tests(Path(nodeid.split("::", 1)[0]))
+            group = _GROUPS.get(rel[0]) if len(rel) >= 2 else None
+            return group if group is not None else super()._split_scope(nodeid)
+
+    return FolderGroups(config, log)
 
 
 def _pairs(path: Path) -> dict[str, tuple[str, str]] | None:

@@ -1,5 +1,6 @@
-"""Suite-wide: the QUIC backend matrix (tests/backends.py), and a fresh folder for the
-transformers engine's converted weights."""
+"""Suite-wide: the QUIC backend matrix (tests/backends.py), a fresh folder for the
+transformers engine's converted weights, and which tests stay together in one pytest-xdist
+worker (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from backends import ALL, SAME, use_backends
@@ -20,20 +22,60 @@ _SUITES = {"transport": ALL, "session": ALL, "core": SAME, "ops": SAME, "interop
            "e2e": SAME}
 _MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL}
 
+# Folders whose tests all run in one xdist worker, one after another (`--dist loadgroup`,
+# set in pyproject.toml; pytest_xdist_make_scheduler below): the model tests share the
+# worker's loaded engines (one load of each model per run instead of one per worker), and
+# tests/net's network namespaces are set up and torn down by one process at a time. The
+# other worker goes on with the rest.
+_GROUPS = {"model": "model", "net": "net"}
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # Every run converts the GGUF file once (the first in-process load) and the commands the
     # tests start read that copy: a user's own cache never stands in for the conversion.
+    # xdist's workers inherit the folder the controlling process made (and removes).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     folder = tempfile.mkdtemp(prefix="kvcs-model-cache-")
     os.environ["KVCS_MODEL_CACHE"] = folder
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    workers = getattr(config.option, "numprocesses", None)  # xdist's -n (an int by now)
+    if isinstance(workers, int) and workers > 1:
+        # One BLAS/OpenMP thread per worker (and per command a test starts): the workers
+        # already use the cores, and the pools' spinning threads on an oversubscribed
+        # machine cost the model tests several times their CPU. Producer and consumer
+        # still run with equal thread counts (the bit-equality tests need it).
+        for name in _THREAD_VARS:
+            os.environ.setdefault(name, "1")
+
+
+def _under_tests(path: Path) -> tuple[str, ...]:
+    """``path``'s parts below tests/ (a test module in a folder of tests/ has two or more)."""
+    parts = path.parts
+    return parts[parts.index("tests") + 1:] if "tests" in parts else ()
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` whose groups are the folders of _GROUPS: each group is one unit of
+    work for one worker, every other test a unit of its own. xdist_group marks alone group
+    nothing here: pytest-xdist 3.8 tells its scheduler a marked test's group by renaming the
+    test through an attribute that pytest 9 no longer reads."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FolderGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            rel = _under_tests(Path(nodeid.split("::", 1)[0]))
+            group = _GROUPS.get(rel[0]) if len(rel) >= 2 else None
+            return group if group is not None else super()._split_scope(nodeid)
+
+    return FolderGroups(config, log)
 
 
 def _pairs(path: Path) -> dict[str, tuple[str, str]] | None:
-    parts = path.parts
-    if "tests" not in parts:
-        return None
-    rel = parts[parts.index("tests") + 1:]
+    rel = _under_tests(path)
     if len(rel) < 2:
         return None
     return _MODULES.get(rel[-1], _SUITES.get(rel[0]))

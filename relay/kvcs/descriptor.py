@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .errors import DescriptorError
@@ -22,12 +21,32 @@ MAX_SAFE = 2**53  # |n| < 2^53: integers any JSON implementation represents exac
 
 # Explicitly little-endian where numpy allows it; ml_dtypes types are native-order, and the
 # codecs byte-swap them on a big-endian host (see codecs.le_bytes).
-DTYPES: dict[str, np.dtype[Any]] = {
-    "float32": np.dtype("<f4"),
-    "float16": np.dtype("<f2"),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-}
+_NUMPY_DTYPES = {"float32": "<f4", "float16": "<f2"}
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn")
+
+
+class _Dtypes(Mapping[str, "np.dtype[Any]"]):
+    """The descriptor dtypes by name. ml_dtypes is imported at the first lookup of one of its
+    types: its import takes about half a second of CPU, which every `kvcs` command (the relay
+    included) paid at start-up although most never build a tensor."""
+
+    def __getitem__(self, name: str) -> np.dtype[Any]:
+        if name in _NUMPY_DTYPES:
+            return np.dtype(_NUMPY_DTYPES[name])
+        if name in _ML_DTYPES:
+            import ml_dtypes
+
+            return np.dtype(getattr(ml_dtypes, name))
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((*_NUMPY_DTYPES, *_ML_DTYPES))
+
+    def __len__(self) -> int:
+        return len(_NUMPY_DTYPES) + len(_ML_DTYPES)
+
+
+DTYPES: Mapping[str, np.dtype[Any]] = _Dtypes()
 
 _STRING_MEMBERS = ("model", "revision", "tokenizer")
 _POSITIVE_INT_MEMBERS = ("layers", "kv_heads", "head_dim", "block_tokens")

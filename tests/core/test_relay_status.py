@@ -59,7 +59,8 @@ async def test_the_first_track_status_during_an_outage_is_timeout(tmp_path: Path
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))  # a port nothing answers on
         port = s.getsockname()[1]
-        r = await relay_at(tmp_path, upstream=[f"moqt://127.0.0.1:{port}/"])
+        r = await relay_at(tmp_path, upstream=[f"moqt://127.0.0.1:{port}/"],
+                           upstream_idle_timeout=0.5)  # the dial's bound: it never answers
     try:
         c = await client(r)
         with pytest.raises(RequestRejected) as e:

@@ -158,7 +158,8 @@ SIGNED_ED = sign_manifest(PAYLOAD, ED_KEY, b"ed-1")
     (tamper(SIGNED_EC, 1, [1]), MalformedCoseError),               # unprotected not a map
     (rfc9052_sign({1: ALG_ES256, 2: [3], 4: b"ec-1"}, EC_KEY, PAYLOAD), MalformedCoseError),
     (rfc9052_sign({1: ALG_ES256, 4: "ec-1"}, EC_KEY, PAYLOAD), MalformedCoseError),
-])
+], ids=lambda v: "msg" if isinstance(v, bytes) else None)  # the same names in every process:
+# the signatures are random, and pytest-xdist's workers must collect the same test IDs
 def test_rejections(msg: bytes, error: type[CoseError]) -> None:
     with pytest.raises(error):
         verify_manifest_cose(msg, store())

@@ -153,7 +153,8 @@ async def test_health_and_readiness(tmp_path: Path) -> None:
     finally:
         await r.close()
     # an upstream that does not answer: not ready
-    r = await _relay(tmp_path / "b", upstream=["moqt://127.0.0.1:9/"], upstream_insecure=True)
+    r = await _relay(tmp_path / "b", upstream=["moqt://127.0.0.1:9/"], upstream_insecure=True,
+                     upstream_idle_timeout=0.5)  # bounds each dial: none is ever answered
     try:
         assert r.metrics_port is not None
         code, body = await http_get(r.metrics_port, "/readyz")

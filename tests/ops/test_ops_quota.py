@@ -15,7 +15,7 @@ from test_ops_metrics import scrape, val
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
-from cli_harness import KVCS, free_udp_port
+from cli_harness import KVCS
 from relay_helpers import TIMEOUT, client, fetch_objects, make_ns
 
 from relay.core.relay import RelayOptions
@@ -102,9 +102,9 @@ def _rss(pid: int) -> int:
 
 
 async def test_memory_per_session_of_a_relay_process(tmp_path: Path) -> None:
-    port, ready = free_udp_port(), tmp_path / "ready.json"
+    ready = tmp_path / "ready.json"  # names the port the kernel chose
     proc = await asyncio.create_subprocess_exec(
-        *KVCS, "relay", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "d"),
+        *KVCS, "relay", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "d"),
         "--metrics-listen", "off", "--ready-file", str(ready), "--log-level", "WARNING",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
@@ -113,8 +113,9 @@ async def test_memory_per_session_of_a_relay_process(tmp_path: Path) -> None:
         async with asyncio.timeout(TIMEOUT):
             while not ready.exists():  # the relay writes it atomically once listening
                 await asyncio.sleep(0.02)
-        pid = json.loads(ready.read_text())["pid"]
-        url, cert = f"moqt://127.0.0.1:{port}/", tmp_path / "d" / "tls" / "cert.pem"
+        info = json.loads(ready.read_text())
+        pid = info["pid"]
+        url, cert = f"moqt://127.0.0.1:{info['port']}/", tmp_path / "d" / "tls" / "cert.pem"
 
         class _R:  # what relay_helpers.client needs
             def __init__(self) -> None:

@@ -4,6 +4,7 @@ peers' and the model's CLI tests)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -35,10 +36,11 @@ async def run_kvcs(*args: str, timeout: float) -> tuple[int, str, str]:
 
 @asynccontextmanager
 async def relay_process(data: Path, timeout: float) -> AsyncIterator[tuple[str, Path]]:
-    """A `kvcs relay` subprocess: yields its URL and certificate once it logged "ready"."""
-    port = free_udp_port()
+    """A `kvcs relay` subprocess: yields its URL and certificate once it logged "ready".
+    It binds a port of the kernel's choosing and names it in that line: a port picked here
+    and handed over could be taken by another test process in between."""
     proc = await asyncio.create_subprocess_exec(
-        *KVCS, "relay", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data),
+        *KVCS, "relay", "--listen", "127.0.0.1:0", "--data-dir", str(data),
         # no fixed metrics port: another relay on this machine may hold 9464
         "--metrics-listen", "off",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
@@ -49,7 +51,9 @@ async def relay_process(data: Path, timeout: float) -> AsyncIterator[tuple[str, 
             while b"relay ready" not in (line := await proc.stderr.readline()):
                 assert line, "the relay exited before it was ready"
         drain = asyncio.ensure_future(proc.stderr.read())  # never block on a full pipe
-        yield f"moqt://127.0.0.1:{port}/", data / "tls" / "cert.pem"
+        m = re.search(rb"relay ready on (moqt://127\.0\.0\.1:\d+/) ", line)
+        assert m, line
+        yield m.group(1).decode(), data / "tls" / "cert.pem"
     finally:
         if proc.returncode is None:
             proc.terminate()

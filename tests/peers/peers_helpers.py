@@ -25,15 +25,18 @@ LAYERS, HEADS, DIM, B = 4, 2, 8, 4
 
 
 async def relay_at(data_dir: Path, tls_of: RunningRelay | None = None, *,
-                   upstream: Sequence[str] = (), memory_bytes: int = 64 << 20
+                   upstream: Sequence[str] = (), memory_bytes: int = 64 << 20,
+                   upstream_idle_timeout: float = RelayConfig.upstream_idle_timeout
                    ) -> RunningRelay:
-    """``tls_of``: reuse that relay's certificate, so one CA file trusts both."""
+    """``tls_of``: reuse that relay's certificate, so one CA file trusts both.
+    ``upstream_idle_timeout`` also bounds each dial: a test whose upstream never answers
+    gives a short one instead of waiting out the default at every dial."""
     cert = key = None
     if tls_of is not None:
         cert, key = tls_of.certfile, tls_of.certfile.parent / KEY_NAME
     cfg = RelayConfig(listen_port=0, data_dir=data_dir, memory_bytes=memory_bytes,
                       lmdb_bytes=64 << 20, cert=cert, key=key, upstream=list(upstream),
-                      upstream_insecure=True)
+                      upstream_insecure=True, upstream_idle_timeout=upstream_idle_timeout)
     return await start_relay(cfg)
 
 

@@ -82,7 +82,7 @@ async def test_a_certificate_mismatch_is_only_the_projects_line(tmp_path: Path) 
 async def test_the_ready_line_names_certificate_path_and_fingerprint(tmp_path: Path,
                                                                      backend: str) -> None:
     proc = await asyncio.create_subprocess_exec(
-        *KVCS, "relay", "--listen", f"127.0.0.1:{free_udp_port()}", "--data-dir",
+        *KVCS, "relay", "--listen", "127.0.0.1:0", "--data-dir",
         str(tmp_path), "--metrics-listen", "off", "--quic-backend", backend,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None

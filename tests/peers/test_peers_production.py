@@ -173,7 +173,8 @@ def test_recovery_is_given_round_trips_of_the_path_not_a_fixed_few_hundred_ms() 
 async def test_fetch_through_a_relay_whose_upstream_is_dead_says_so(
         tmp_path: Path, via: str) -> None:
     dead = f"moqt://127.0.0.1:{free_udp_port()}/"  # nothing listens there
-    edge = await relay_at(tmp_path / "edge", upstream=[dead])
+    # each dial gives up after 0.5 s (the upstream idle timeout), not the default 3 s
+    edge = await relay_at(tmp_path / "edge", upstream=[dead], upstream_idle_timeout=0.5)
     c = cache(blocks=2)
     ns = plan(c).namespace  # published nowhere: only the edge's upstream could know it
     files = _consumer_files(c, tmp_path)

@@ -20,7 +20,9 @@ from backends import ALL, SAME, use_backends
 # of the core on each backend alone, to keep the suite within CI's budget.
 _SUITES = {"transport": ALL, "session": ALL, "core": SAME, "ops": SAME, "interop": SAME,
            "e2e": SAME}
-_MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL}
+_MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL,
+            # the controllers are aioquic's (qh3 has no choice): its pair alone
+            "test_congestion.py": {"aioquic": SAME["aioquic"]}}
 
 # Folders whose tests all run in one xdist worker, one after another (`--dist loadgroup`,
 # set in pyproject.toml; pytest_xdist_make_scheduler below): the model tests share the

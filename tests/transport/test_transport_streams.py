@@ -16,6 +16,7 @@ from relay.transport import (
     StreamStopped,
     app_to_wt_error,
 )
+from relay.transport.backend import default_backend
 
 Pair = tuple[Connection, Connection]
 
@@ -137,10 +138,17 @@ async def test_stop_sending_reaches_the_sender(pair: Pair, bidi: bool) -> None:
         await w(inc.recv.read())
 
 
-async def test_many_concurrent_streams(pair: Pair) -> None:
+async def test_many_concurrent_streams(pair: Pair, request: pytest.FixtureRequest) -> None:
     """300 uni streams and 300 bidi streams at once (above the 256 bidi limit: opens
     must wait for MAX_STREAMS instead of failing)."""
     client, server = pair
+    if default_backend("client") == "qh3":
+        # Known, not fixed (docs/transport.md, "Known issues"): with a qh3 client, a few
+        # bidi streams opened just below the server's first MAX_STREAMS limit sometimes
+        # never reach the server (qh3 reports them sent and acknowledged, the server
+        # never saw a byte), under load about one run in ten. Not strict: it mostly passes.
+        request.applymarker(pytest.mark.xfail(
+            strict=False, reason="qh3 client: streams just below MAX_STREAMS can be lost"))
     n = 300
 
     async def serve_all() -> None:
@@ -164,7 +172,7 @@ async def test_many_concurrent_streams(pair: Pair) -> None:
         assert await r.read_all() == payload
 
     await w(asyncio.gather(serve_all(), *(uni(i) for i in range(n)),
-                           *(bidi(i) for i in range(n))), 60)
+                           *(bidi(i) for i in range(n))), 20)  # about 1 s when it works
 
 
 @pytest.mark.parametrize("single_write", [False, True])

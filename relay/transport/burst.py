@@ -51,7 +51,8 @@ class _Burst:
 BURST = _Burst()
 
 
-def make_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+def make_socket(host: str, port: int, *, reuse_port: bool = False,
+                large_buffers: bool = True) -> socket.socket:
     """A non-blocking UDP socket bound to ``host:port`` (IPv4 or IPv6 by the address);
     ``reuse_port`` shares the port with other sockets that set it (SO_REUSEPORT)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
@@ -62,7 +63,8 @@ def make_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.soc
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         if reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        size_buffers(sock)
+        if large_buffers:
+            size_buffers(sock)
         sock.bind(addr)
         sock.setblocking(False)
     except BaseException:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .backend import QuicBackend, default_backend, get_backend
-from .burst import UDP_BUFFER_BYTES, install, make_socket
+from .burst import install, make_socket
 from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
 from .endpoint import Endpoint
@@ -160,20 +160,15 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     server = Server(handler, settings, wt_path, backend)
     loop = asyncio.get_running_loop()
     if sock is None:
-        sock = make_socket(host, port, reuse_port=reuse_port)
+        # The kernel's default buffers on a relay's own socket: with 4 MiB there (as a
+        # client's has), a qh3 relay stopped serving its other subscribers while one
+        # stalled (tests/core/test_relay_robustness.py); not understood yet (docs/transport.md)
+        sock = make_socket(host, port, reuse_port=reuse_port, large_buffers=False)
     else:
         sock.setblocking(False)
     transport, udp = await loop.create_datagram_endpoint(
         lambda: backend.server(config, server._create_protocol), sock=sock)
     install(loop, sock, udp, route=functools.partial(backend.route, udp))
-    granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2  # Linux reports 2x
-    if granted < UDP_BUFFER_BYTES:
-        # not root and a low net.core.rmem_max: long round trips then lose bursts at the
-        # socket, which QUIC takes for congestion (docs/deployment.md)
-        log.warning("UDP receive buffer is %d KiB, not the %d KiB asked for: raise "
-                    "net.core.rmem_max and net.core.wmem_max to at least %d on this host "
-                    "for long round trips", granted >> 10, UDP_BUFFER_BYTES >> 10,
-                    UDP_BUFFER_BYTES)
     server._udp = udp
     server._sock = sock
     server._sender = DatagramSender(sock, transport, gso_supported(sock))

@@ -25,7 +25,8 @@ UDP_GRO = 104  # linux/udp.h; Python 3.11's socket module does not name it
 _SOL_UDP = getattr(socket, "SOL_UDP", 17)
 _GRO_CMSG = struct.Struct("@i")
 _CMSG_SPACE = socket.CMSG_SPACE(_GRO_CMSG.size) if hasattr(socket, "CMSG_SPACE") else 0
-# Socket buffers of every QUIC socket, each direction. The kernel's default (~208 KiB) holds
+# Socket buffers of a client connection's socket, each direction (a relay's listening
+# sockets keep the kernel's: docs/transport.md, Known issues). The kernel's default (~208 KiB) holds
 # about 1.5 ms of a 1 Gbit/s flow: on a long round trip the congestion window is larger than
 # that, a burst of it overflows the receive buffer, and the drops read to QUIC as congestion
 # (80 ms RTT, no loss, 16 MiB on qh3: 15.6 s -> 1.7 s). Linux doubles the value asked for.
@@ -52,9 +53,13 @@ BURST = _Burst()
 
 
 def make_socket(host: str, port: int, *, reuse_port: bool = False,
-                large_buffers: bool = True) -> socket.socket:
+                large_buffers: bool = False) -> socket.socket:
     """A non-blocking UDP socket bound to ``host:port`` (IPv4 or IPv6 by the address);
-    ``reuse_port`` shares the port with other sockets that set it (SO_REUSEPORT)."""
+    ``reuse_port`` shares the port with other sockets that set it (SO_REUSEPORT);
+    ``large_buffers``: UDP_BUFFER_BYTES each way (a client connection's socket). A relay's
+    sockets (the listener's, each worker's) keep the kernel's default: with 4 MiB there a
+    qh3 relay stopped serving its other subscribers while one stalled
+    (tests/core/test_relay_robustness.py); not understood yet (docs/transport.md)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_DGRAM)

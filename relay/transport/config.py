@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from .backend import BACKENDS
 
 MOQT_ALPN = "moqt-22"
+H3_ALPN = "h3"
 
 CONGESTION_CONTROLS = ("bbr", "reno", "cubic")
 """aioquic's congestion controllers we offer (bbr is ours, relay/transport/congestion.py)."""
-H3_ALPN = "h3"
 
 # STOP_SENDING code when a stream overflows its receive bound (MOQT EXCESSIVE_LOAD, §11.9).
 RECEIVE_OVERFLOW_CODE = 0x9

@@ -160,10 +160,7 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     server = Server(handler, settings, wt_path, backend)
     loop = asyncio.get_running_loop()
     if sock is None:
-        # The kernel's default buffers on a relay's own socket: with 4 MiB there (as a
-        # client's has), a qh3 relay stopped serving its other subscribers while one
-        # stalled (tests/core/test_relay_robustness.py); not understood yet (docs/transport.md)
-        sock = make_socket(host, port, reuse_port=reuse_port, large_buffers=False)
+        sock = make_socket(host, port, reuse_port=reuse_port)
     else:
         sock.setblocking(False)
     transport, udp = await loop.create_datagram_endpoint(

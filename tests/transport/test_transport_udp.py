@@ -13,6 +13,7 @@ from conftest import Harness, w
 
 from relay.transport.burst import UDP_BUFFER_BYTES, install, make_socket
 from relay.transport.gso import DatagramSender, gso_supported
+from relay.workers import worker_sockets
 
 
 class _Collect(asyncio.DatagramProtocol):
@@ -66,15 +67,21 @@ async def test_client_sockets_have_large_buffers_a_relays_the_kernels(
     ~208 KiB receive buffer; without the larger buffers those bursts were dropped at the
     socket and read to QUIC as loss (80 ms RTT: 15.6 s instead of 1.7 s for 16 MiB). A
     client connection's socket (a consumer's, a lower relay's upstream link) gets them; a
-    relay's listening socket keeps the kernel's default (docs/transport.md, Known issues)."""
+    relay's sockets (its listener's, its workers') keep the kernel's default
+    (docs/transport.md, Known issues)."""
     rcv, snd = _expected_buffer("rmem_max"), _expected_buffer("wmem_max")
     assert rcv > 2 * 212992  # the default: the check below would not tell otherwise
-    plain = make_socket("127.0.0.1", 0)
+    large = make_socket("127.0.0.1", 0, large_buffers=True)
     try:
-        assert plain.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= rcv
-        assert plain.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= snd
+        assert large.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= rcv
+        assert large.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= snd
     finally:
-        plain.close()
+        large.close()
+    for sock in worker_sockets("127.0.0.1", 0, 2):  # `kvcs relay --workers 2`'s
+        try:
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < rcv
+        finally:
+            sock.close()
     client, _ = await harness.pair("quic")
     try:
         sock = client._ep._sender._sock  # type: ignore[union-attr]

@@ -109,13 +109,9 @@ class Counters:
         """Requests of this type answered with success (SUBSCRIBE_OK, FETCH_OK, ...)."""
         return self.requests.get((message_type, None), 0)
 
-    @property
-    def in_flight(self) -> int:
-        return self.fill.in_flight.count + self.fetch.in_flight.count
-
     async def wait_idle(self) -> None:
         """Until no fill or FETCH is being served."""
-        while self.in_flight:
+        while self.fill.in_flight.count or self.fetch.in_flight.count:
             await self.fill.in_flight.idle.wait()
             await self.fetch.in_flight.idle.wait()
 

@@ -464,8 +464,8 @@ class RelayHandler(SessionHandler):
             relay.forget_if_idle(track)
             err = relay.routing.unreachable_error() if self.reach is not Reach.OWN else None
             if unanswered or err is not None:
-                err = relay.routing.in_outage(track, RequestRejected(RequestErrorCode.TIMEOUT,
-                                                             UNREACHABLE))
+                err = relay.routing.in_outage(
+                    track, RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE))
                 await self._refuse(req, err.code, err.reason)
                 return
             refusal = RequestRejected(RequestErrorCode.DOES_NOT_EXIST

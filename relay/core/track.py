@@ -362,7 +362,7 @@ class RelayTrack:
             return
         if self.store.known_final(self.key) is None:
             return
-        if self._commit_task is not None and not self._commit_task.done():
+        if self.pending_commit is not None:
             self._commit_again = True
             return
         self._commit_task = asyncio.ensure_future(self._commit())

@@ -68,7 +68,7 @@ async def connect(url: str, *, settings: QuicSettings | None = None,
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     family, addr = infos[0][0], infos[0][4]
     quic = backend.connection(config)
-    sock = make_socket("::" if family == socket.AF_INET6 else "0.0.0.0", 0, large_buffers=True)
+    sock = make_socket("::" if family == socket.AF_INET6 else "0.0.0.0", 0)
     _, ep = await loop.create_datagram_endpoint(
         lambda: Endpoint(quic, backend=backend, settings=settings, path=path,
                          authority=authority), sock=sock)

@@ -305,9 +305,12 @@ async def run_forever(config: RelayConfig) -> None:
         if config.ready_file is not None:
             _write_ready_file(Path(config.ready_file), running)
         # after the ready file and the signal handlers: whoever sees this line may use both
-        log.info("relay ready on %s (WebTransport %s) quic=%s data-dir=%s certificate=%s "
-                 "sha256=%s metrics=%s", running.url, running.wt_url,
-                 running.server.backend.name, config.data_dir,
+        backend = running.server.backend.name
+        # the controller only where there is a choice: qh3's native core has its own
+        log.info("relay ready on %s (WebTransport %s) quic=%s%s data-dir=%s certificate=%s "
+                 "sha256=%s metrics=%s", running.url, running.wt_url, backend,
+                 f" cc={config.congestion_control}" if backend == "aioquic" else "",
+                 config.data_dir,
                  running.certfile, running.fingerprint,
                  f"{config.metrics_listen[0]}:{running.metrics_port}"
                  if config.metrics_listen else "off")

@@ -72,15 +72,17 @@ async def connect(url: str, *, settings: QuicSettings | None = None,
     _, ep = await loop.create_datagram_endpoint(
         lambda: Endpoint(quic, backend=backend, settings=settings, path=path,
                          authority=authority), sock=sock)
-    ep._reader = install(loop, sock, ep)
-    ep._sender = DatagramSender(sock, ep._transport, gso_supported(sock))  # type: ignore[arg-type]
+    transport = ep.transport
+    assert transport is not None
+    ep.use_socket(DatagramSender(sock, transport, gso_supported(sock)),
+                  install(loop, sock, ep))
     ep.connect(addr)
     try:
-        return await asyncio.wait_for(asyncio.shield(ep._ready), settings.connect_timeout)
+        return await asyncio.wait_for(ep.ready(), settings.connect_timeout)
     except TimeoutError:
-        ep._abort()
+        ep.abort()
         raise ConnectTimeout(f"no MOQT session with {url} within "
                              f"{settings.connect_timeout:g} s") from None
     except BaseException:
-        ep._abort()
+        ep.abort()
         raise

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 from .backend import QuicBackend, QuicView
 from .burst import BURST, ReaderControl
 from .config import H3_ALPN, MOQT_ALPN, VERSION_NEGOTIATION_FAILED_CODE, QuicSettings
-from .connection import Connection
+from .connection import Connection, StreamTable
 from .errors import ConnectionClosed, ProtocolNegotiationError, TransportError
 from .gso import DatagramSender
+from .port import StreamTablePort
 from .webtransport import (
     CAPSULE_CLOSE_WEBTRANSPORT_SESSION,
     H3_NO_ERROR,
@@ -101,7 +102,7 @@ class Endpoint(asyncio.DatagramProtocol):
         self._sessions: dict[int, Connection] = {}
         self._capsules: dict[int, CapsuleParser] = {}
         self._peer_finished: dict[int, asyncio.Event] = {}
-        self._owner: dict[int, Connection] = {}
+        self._owner: dict[int, StreamTable] = {}
         self._peer_next = {0: 0, 1: 1, 2: 2, 3: 3}
         self._gaps: set[int] = set()
         self._credit_waiters: list[asyncio.Future[None]] = []
@@ -111,61 +112,141 @@ class Endpoint(asyncio.DatagramProtocol):
         self._connect_sid: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    # -- sessions ----------------------------------------------------------------------
+    # -- EndpointPort: what a session's Connection and StreamTable call (port.py) ----------
 
-    def _sessions_all(self) -> list[Connection]:
-        return [self._raw] if self._raw is not None else list(self._sessions.values())
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
 
-    async def _open_stream(self, conn: Connection, *, uni: bool) -> int:
+    @property
+    def settings(self) -> QuicSettings:
+        return self._settings
+
+    @property
+    def view(self) -> QuicView:
+        return self._view
+
+    @property
+    def is_client(self) -> bool:
+        return self._is_client
+
+    async def open_stream(self, table: StreamTablePort, *, uni: bool) -> int:
         q = self._quic
         while True:
-            if conn._close_exc is not None:
-                raise conn._close_exc
+            if table.close_exc is not None:
+                raise table.close_exc
             nxt = q.get_next_available_stream_id(is_unidirectional=uni)
             if self._view.can_open(nxt):
                 break
             # Peer's MAX_STREAMS reached: wait for it to raise the limit (re-checked
             # after every transmit) rather than let aioquic queue a blocked stream.
-            fut = self._loop.create_future()
-            self._credit_waiters.append(fut)
-            await fut
-        if conn.session_id is None:
+            await self.next_transmit()
+        if table.session_id is None:
             q.send_stream_data(nxt, b"")  # allocates the stream ID now
             sid = nxt
         else:
             assert self._h3 is not None
-            sid = self._h3.create_webtransport_stream(conn.session_id, is_unidirectional=uni)
+            sid = self._h3.create_webtransport_stream(table.session_id, is_unidirectional=uni)
             self._view.note_stream_header(sid)
-            self._transmit_soon()
-        self._owner[sid] = conn
+            self.transmit_soon()
+        self._owner[sid] = table  # type: ignore[assignment]  # the StreamTable itself
         return sid
 
-    def _retire(self, sid: int) -> None:
+    def send_stream_data(self, sid: int, data: Any, fin: bool) -> None:
+        self._quic.send_stream_data(sid, data, fin)
+        self._view.note_queued(len(data))
+        self.transmit_soon()
+
+    def reset_stream(self, sid: int, wire_code: int) -> None:
+        self._view.forget_unsent(sid)
+        self._quic.reset_stream(sid, wire_code)
+        self.transmit_soon()
+
+    def stop_stream(self, sid: int, wire_code: int) -> None:
+        try:
+            self._quic.stop_stream(sid, wire_code)
+        except ValueError:
+            return  # the library already discarded the stream: nothing left to stop
+        self.transmit_soon()
+
+    def retire(self, sid: int) -> None:
         self._owner.pop(sid, None)
         if self._h3 is not None:
             # H3 never forgets bidi WebTransport streams by itself.
             self._b.forget_h3_stream(self._h3, sid)
 
-    def _send_datagram(self, conn: Connection, data: bytes) -> None:
-        if conn.session_id is None:
+    def send_datagram(self, session_id: int | None, data: bytes) -> None:
+        if session_id is None:
             self._quic.send_datagram_frame(data)
         else:
             # RFC 9297 HTTP Datagram: quarter stream ID, then the payload. Framed here,
             # not by H3Connection: qh3's still uses the older flow-ID form.
-            self._quic.send_datagram_frame(encode_uint_var(conn.session_id // 4) + data)
-        self._transmit_soon()
+            self._quic.send_datagram_frame(encode_uint_var(session_id // 4) + data)
+        self.transmit_soon()
 
-    def _close_session(self, conn: Connection, code: int, reason: str) -> None:
+    def close_session(self, table: StreamTablePort, code: int, reason: str) -> None:
         exc = ConnectionClosed(code, reason)
-        if conn.session_id is None:
+        if table.session_id is None:
             self._quic.close(error_code=code, reason_phrase=reason)
-            for sid in conn._on_closed(exc):
-                self._retire(sid)
+            for sid in table.on_closed(exc):
+                self.retire(sid)
             self._wake_credit_waiters()
         else:
-            self._wt_send_close(conn.session_id, encode_close_capsule(code, reason))
+            conn = self._sessions[table.session_id]
+            self._wt_send_close(table.session_id, encode_close_capsule(code, reason))
             self._wt_session_closed(conn, exc)
         self.transmit()
+
+    def transmit_soon(self) -> None:
+        if self._transmit_task is None:
+            self._transmit_task = self._loop.call_soon(self.transmit)
+
+    def next_transmit(self) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._credit_waiters.append(fut)
+        return fut
+
+    def receive_overflow(self) -> bool:
+        if self._reader is None:
+            return False
+        self._reader.pause()
+        return True
+
+    def receive_relieved(self) -> None:
+        if self._reader is not None and self._reader.paused and self._view.relieved():
+            self._reader.resume()
+
+    # -- for client.py and server.py ---------------------------------------------------
+
+    def use_socket(self, sender: DatagramSender, reader: ReaderControl | None = None) -> None:
+        """Send through ``sender`` (GSO batching); ``reader``: a client's own socket reader,
+        paused while the application lets more pile up unread than the windows allow."""
+        self._sender = sender
+        self._reader = reader
+
+    @property
+    def transport(self) -> asyncio.DatagramTransport | None:
+        return self._transport
+
+    async def ready(self) -> Connection:
+        """The client's session once the handshake (and a WebTransport CONNECT) is done."""
+        return await asyncio.shield(self._ready)
+
+    @property
+    def terminated(self) -> asyncio.Event:
+        """Set once the QUIC connection is gone."""
+        return self._terminated
+
+    async def wait_terminated(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._terminated.wait(), timeout)
+        except TimeoutError:
+            self.abort()
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def _sessions_all(self) -> list[Connection]:
+        return [self._raw] if self._raw is not None else list(self._sessions.values())
 
     # -- WebTransport session plumbing ------------------------------------------------
 
@@ -178,7 +259,7 @@ class Endpoint(asyncio.DatagramProtocol):
 
     def _wt_session_closed(self, conn: Connection, exc: ConnectionClosed) -> None:
         q = self._quic
-        for sid in conn._on_closed(exc):
+        for sid in conn.streams.on_closed(exc):
             # The WT draft: streams of a terminated session are reset/stopped with
             # WT_SESSION_GONE.
             local = (sid & 1) == self._local_bit
@@ -190,7 +271,7 @@ class Endpoint(asyncio.DatagramProtocol):
                     q.stop_stream(sid, WT_SESSION_GONE)
             except ValueError:
                 pass  # aioquic already discarded that direction
-            self._retire(sid)
+            self.retire(sid)
         self._wake_credit_waiters()
         if all(c.closed for c in self._sessions.values()):
             self._spawn(self._wt_linger(list(self._sessions)))
@@ -277,7 +358,7 @@ class Endpoint(asyncio.DatagramProtocol):
             self._ready.set_exception(exc)
             self._ready.exception()  # server endpoints never await it: no "never retrieved"
 
-    def _abort(self) -> None:
+    def abort(self) -> None:
         """Drop the client socket without waiting for QUIC's closing period."""
         if self._is_client and self._transport is not None:
             self._transport.close()
@@ -309,7 +390,7 @@ class Endpoint(asyncio.DatagramProtocol):
                           authority=h.get(b":authority", b"").decode("utf-8", "replace"))
         self._sessions[sid] = conn
         self.transmit()
-        self._server._spawn_handler(self, conn)
+        self._server.spawn_handler(conn)
 
     def _respond(self, sid: int, status: bytes) -> None:
         assert self._h3 is not None
@@ -338,17 +419,17 @@ class Endpoint(asyncio.DatagramProtocol):
         if t is e.StreamDataReceived:
             owner = self._owner.get(event.stream_id)
             if owner is not None:
-                owner._on_stream_data(event.stream_id, event.data, event.end_stream)
+                owner.on_stream_data(event.stream_id, event.data, event.end_stream)
             elif self._h3 is not None:
                 self._to_h3(event, event.stream_id)
             elif self._raw is not None and self._is_new_peer_stream(event.stream_id):
-                self._owner[event.stream_id] = self._raw
-                self._raw._on_new_stream(event.stream_id, uni=bool(event.stream_id & 2))
-                self._raw._on_stream_data(event.stream_id, event.data, event.end_stream)
+                table = self._owner[event.stream_id] = self._raw.streams
+                table.on_new_stream(event.stream_id, uni=bool(event.stream_id & 2))
+                table.on_stream_data(event.stream_id, event.data, event.end_stream)
         elif t is e.StreamReset:
             owner = self._owner.get(event.stream_id)
             if owner is not None:
-                owner._on_stream_reset(event.stream_id, event.error_code)
+                owner.on_stream_reset(event.stream_id, event.error_code)
             elif self._h3 is not None:
                 self._to_h3(event, event.stream_id)
                 if event.stream_id in self._sessions:
@@ -356,18 +437,18 @@ class Endpoint(asyncio.DatagramProtocol):
                                            "CONNECT stream reset", application=False)
             elif self._raw is not None and self._is_new_peer_stream(event.stream_id):
                 # Reset before any data: still surfaced, so accept() order is lossless.
-                self._owner[event.stream_id] = self._raw
-                self._raw._on_new_stream(event.stream_id, uni=bool(event.stream_id & 2))
-                self._raw._on_stream_reset(event.stream_id, event.error_code)
+                table = self._owner[event.stream_id] = self._raw.streams
+                table.on_new_stream(event.stream_id, uni=bool(event.stream_id & 2))
+                table.on_stream_reset(event.stream_id, event.error_code)
         elif t is e.StopSendingReceived:
             owner = self._owner.get(event.stream_id)
             if owner is not None:
-                owner._on_stop_sending(event.stream_id, event.error_code)
+                owner.on_stop_sending(event.stream_id, event.error_code)
             elif self._h3 is not None:
                 self._to_h3(event, event.stream_id)
         elif t is e.DatagramFrameReceived:
             if self._raw is not None:
-                self._raw._on_datagram(event.data)
+                self._raw.streams.on_datagram(event.data)
             elif self._h3 is not None:
                 self._on_wt_datagram(event.data)
         elif t is e.ProtocolNegotiated:
@@ -398,9 +479,9 @@ class Endpoint(asyncio.DatagramProtocol):
             if conn is None or conn.closed:
                 self._reject_stream(sid)
                 return
-            self._owner[sid] = conn
-            conn._on_new_stream(sid, uni=bool(sid & 2))
-            conn._on_stream_data(sid, ev.data, ev.stream_ended)
+            table = self._owner[sid] = conn.streams
+            table.on_new_stream(sid, uni=bool(sid & 2))
+            table.on_stream_data(sid, ev.data, ev.stream_ended)
         elif isinstance(ev, e.DataReceived):
             if ev.stream_id in self._sessions:
                 self._on_capsule_data(ev.stream_id, ev.data, ev.stream_ended)
@@ -417,7 +498,7 @@ class Endpoint(asyncio.DatagramProtocol):
             return  # no quarter stream ID: not a datagram of ours (RFC 9297 says drop)
         conn = self._sessions.get(head[0] * 4)
         if conn is not None and not conn.closed:
-            conn._on_datagram(data[head[1]:])
+            conn.streams.on_datagram(data[head[1]:])
 
     def _reject_stream(self, sid: int) -> None:
         try:
@@ -464,7 +545,7 @@ class Endpoint(asyncio.DatagramProtocol):
             else:
                 self._fail_ready(ProtocolNegotiationError("server selected no known ALPN"))
         elif self._raw is not None and self._server is not None:
-            self._server._spawn_handler(self, self._raw)
+            self._server.spawn_handler(self._raw)
 
     def _on_quic_closed(self, ev: Any) -> None:
         if self._quic_closed:
@@ -479,8 +560,8 @@ class Endpoint(asyncio.DatagramProtocol):
             if not conn.closed:
                 exc = ConnectionClosed(ev.error_code, ev.reason_phrase,
                                        application=app and conn.session_id is None)
-                for sid in conn._on_closed(exc):
-                    self._retire(sid)
+                for sid in conn.streams.on_closed(exc):
+                    self.retire(sid)
         if ev.error_code == _ALPN_ALERT and not app:
             self._fail_ready(ProtocolNegotiationError(
                 f"server refused ALPN ({ev.reason_phrase or 'no_application_protocol'})"))
@@ -562,10 +643,6 @@ class Endpoint(asyncio.DatagramProtocol):
         self.transmit()
         self._check_peer_close()
 
-    def _transmit_soon(self) -> None:
-        if self._transmit_task is None:
-            self._transmit_task = self._loop.call_soon(self.transmit)
-
     def transmit(self) -> None:
         self._transmit_task = None
         transport = self._transport
@@ -594,12 +671,10 @@ class Endpoint(asyncio.DatagramProtocol):
         if self._credit_waiters:
             self._wake_credit_waiters()
         if self._raw is not None:
-            if self._raw._blocked:
-                self._raw._wake_writers()
+            self._raw.streams.wake_writers()
         else:
             for conn in self._sessions.values():
-                if conn._blocked:
-                    conn._wake_writers()
+                conn.streams.wake_writers()
 
     def _transmit_failed(self, error: Exception) -> None:
         """The library could not build everything it had to send (qh3: "packet builder
@@ -619,19 +694,6 @@ class Endpoint(asyncio.DatagramProtocol):
     def _retry_transmit(self) -> None:
         self._retry = None
         self.transmit()
-
-    def _receive_overflow(self) -> bool:
-        """The application holds more unread than the windows allow: pause reading this
-        connection's socket if it has one of its own (True), else the caller stops the
-        stream."""
-        if self._reader is None:
-            return False
-        self._reader.pause()
-        return True
-
-    def _receive_relieved(self) -> None:
-        if self._reader is not None and self._reader.paused and self._view.relieved():
-            self._reader.resume()
 
     def _wake_credit_waiters(self) -> None:
         waiters, self._credit_waiters = self._credit_waiters, []

@@ -76,11 +76,12 @@ class Server:
 
     def _create_protocol(self, quic: Any, stream_handler: Any = None) -> Endpoint:
         ep = Endpoint(quic, backend=self.backend, settings=self.settings, server=self)
-        ep._sender = self._sender
+        assert self._sender is not None
+        ep.use_socket(self._sender)
         self._endpoints.add(ep)
         return ep
 
-    def _spawn_handler(self, ep: Endpoint, conn: Connection) -> None:
+    def spawn_handler(self, conn: Connection) -> None:
         if self._closing:
             conn.close(0, "server shutting down")
             return
@@ -110,9 +111,9 @@ class Server:
         for the closes to be delivered (WebTransport needs its capsule acknowledged)."""
         for conn in list(self._connections):
             conn.close(code, reason)
-        eps = [ep for ep in self._endpoints if not ep._terminated.is_set()]
+        eps = [ep for ep in self._endpoints if not ep.terminated.is_set()]
         if eps and grace > 0:
-            waits = [asyncio.ensure_future(ep._terminated.wait()) for ep in eps]
+            waits = [asyncio.ensure_future(ep.terminated.wait()) for ep in eps]
             _, pending = await asyncio.wait(waits, timeout=grace)
             for w in pending:
                 w.cancel()

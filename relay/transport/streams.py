@@ -17,7 +17,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .connection import Connection
+    from .port import StreamPort
 
 # Writes larger than the high-water mark are fed to aioquic in slices no smaller than
 # this, so a writer waiting on a nearly-full buffer does not trickle tiny pieces.
@@ -32,10 +32,10 @@ class SendStream:
     memory stays bounded by roughly ``send_buffer_high`` plus the bytes in flight.
     """
 
-    __slots__ = ("_closed", "_conn", "_room", "_stop_code", "_stopped", "stream_id")
+    __slots__ = ("_closed", "_port", "_room", "_stop_code", "_stopped", "stream_id")
 
-    def __init__(self, conn: Connection, stream_id: int) -> None:
-        self._conn = conn
+    def __init__(self, port: StreamPort, stream_id: int) -> None:
+        self._port = port
         self.stream_id = stream_id
         self._closed = False  # FIN written or reset: no more writes
         self._stop_code: int | None = None
@@ -53,7 +53,7 @@ class SendStream:
     @property
     def unsent(self) -> int:
         """Bytes queued in aioquic for this stream but not sent yet."""
-        return self._conn._unsent(self.stream_id)
+        return self._port.unsent(self.stream_id)
 
     async def write(self, data: bytes | bytearray | memoryview, end_stream: bool = False
                     ) -> None:
@@ -64,11 +64,11 @@ class SendStream:
         """
         self._check_writable()
         n = len(data)
-        high = self._conn._settings.send_buffer_high
+        high = self._port.settings.send_buffer_high
         if n <= high:
             if not self._has_room():
                 await self._wait_room()
-            self._conn._send_data(self.stream_id, data, end_stream)
+            self._port.send(self.stream_id, data, end_stream)
         else:
             view = memoryview(data)
             if view.ndim != 1 or view.itemsize != 1:
@@ -78,15 +78,14 @@ class SendStream:
             while pos < n:
                 if not self._has_room():
                     await self._wait_room()
-                room = max(high - self._conn._unsent(self.stream_id), _MIN_SLICE)
+                room = max(high - self._port.unsent(self.stream_id), _MIN_SLICE)
                 end = min(n, pos + room)
                 # A memoryview slice is not a copy; aioquic copies once into its buffer.
-                self._conn._send_data(self.stream_id, view[pos:end],
-                                      end_stream and end == n)
+                self._port.send(self.stream_id, view[pos:end], end_stream and end == n)
                 pos = end
         if end_stream:
             self._closed = True
-            self._conn._send_done(self)
+            self._port.send_done(self)
 
     async def finish(self) -> None:
         """Send FIN (after everything already written)."""
@@ -95,61 +94,61 @@ class SendStream:
     def would_wait(self, n: int) -> bool:
         """A ``write`` of ``n`` bytes now would wait for room (this stream's or the
         connection's); a larger one than the high-water mark always may."""
-        return not self._has_room() or n > self._conn._settings.send_buffer_high
+        return not self._has_room() or n > self._port.settings.send_buffer_high
 
     @property
     def connection_unsent(self) -> int:
         """Bytes written to any stream of this session and not yet sent."""
-        return self._conn._conn_unsent()
+        return self._port.connection_unsent()
 
     @property
     def connection_full(self) -> bool:
         """The session as a whole is at its high-water mark: every write waits."""
-        conn = self._conn
-        return conn._conn_unsent() >= conn._settings.connection_send_buffer_high
+        port = self._port
+        return port.connection_unsent() >= port.settings.connection_send_buffer_high
 
     def reset(self, code: int) -> None:
         """Abort sending with RESET_STREAM carrying ``code`` (a MOQT stream reset code)."""
         if self._closed:
             return
         self._closed = True
-        self._conn._reset_stream(self.stream_id, code)
+        self._port.reset(self.stream_id, code)
         self._wake(TransportError("stream was reset locally"))
-        self._conn._send_done(self)
+        self._port.send_done(self)
 
     async def wait_stopped(self) -> int:
         """Wait for a STOP_SENDING from the peer and return its code."""
         if self._stop_code is not None:
             return self._stop_code
         if self._stopped is None:
-            self._stopped = self._conn._loop.create_future()
+            self._stopped = self._port.loop.create_future()
         return await asyncio.shield(self._stopped)
 
-    # -- used by Connection ------------------------------------------------------------
-
     def _has_room(self) -> bool:
-        conn = self._conn
-        return (conn._unsent(self.stream_id) < conn._settings.send_buffer_high
-                and conn._conn_unsent() < conn._settings.connection_send_buffer_high)
+        port = self._port
+        settings = port.settings
+        return (port.unsent(self.stream_id) < settings.send_buffer_high
+                and port.connection_unsent() < settings.connection_send_buffer_high)
 
     async def _wait_room(self) -> None:
         if self._room is not None:
             raise RuntimeError(f"concurrent write() on stream {self.stream_id}")
         while not self._has_room():
-            self._room = self._conn._loop.create_future()
-            self._conn._blocked.add(self)
+            self._room = self._port.loop.create_future()
+            self._port.blocked(self, True)
             try:
                 await self._room
             finally:
                 self._room = None
-                self._conn._blocked.discard(self)
+                self._port.blocked(self, False)
             self._check_writable()
 
     def _check_writable(self) -> None:
         if self._stop_code is not None:
             raise StreamStopped(self._stop_code)
-        if self._conn._close_exc is not None:
-            raise self._conn._close_exc
+        exc = self._port.close_exc
+        if exc is not None:
+            raise exc
         if self._closed:
             raise TransportError(f"stream {self.stream_id} is closed for writing")
 
@@ -161,7 +160,13 @@ class SendStream:
             else:
                 fut.set_exception(exc)
 
-    def _on_stop_sending(self, code: int) -> None:
+    # -- events, from the session's StreamTable -----------------------------------------
+
+    def wake_if_room(self) -> None:
+        if self._has_room():
+            self._wake()
+
+    def on_stop_sending(self, code: int) -> None:
         if self._stop_code is not None:
             return
         self._stop_code = code
@@ -170,7 +175,7 @@ class SendStream:
         self._wake(StreamStopped(code))
         self._closed = True
 
-    def _on_session_closed(self, exc: ConnectionClosed) -> None:
+    def on_session_closed(self, exc: ConnectionClosed) -> None:
         self._closed = True
         self._wake(exc)
         if self._stopped is not None and not self._stopped.done():
@@ -185,10 +190,10 @@ class RecvStream:
     (MAX_STREAM_DATA) is returned to the peer as the application reads.
     """
 
-    __slots__ = ("_buf", "_buffered", "_conn", "_error", "_fin", "_waiter", "stream_id")
+    __slots__ = ("_buf", "_buffered", "_error", "_fin", "_port", "_waiter", "stream_id")
 
-    def __init__(self, conn: Connection, stream_id: int) -> None:
-        self._conn = conn
+    def __init__(self, port: StreamPort, stream_id: int) -> None:
+        self._port = port
         self.stream_id = stream_id
         self._buf: deque[bytes] = deque()
         self._buffered = 0
@@ -223,7 +228,7 @@ class RecvStream:
         data = buf.popleft()
         n = len(data)
         self._buffered -= n
-        self._conn._consumed(self.stream_id, n)
+        self._port.consumed(self.stream_id, n)
         return data
 
     async def read_chunks(self) -> tuple[bytes, ...]:
@@ -239,20 +244,20 @@ class RecvStream:
         buf.clear()
         n = self._buffered
         self._buffered = 0
-        self._conn._consumed(self.stream_id, n)
+        self._port.consumed(self.stream_id, n)
         return chunks
 
     async def _wait_data(self) -> None:
         """Until a chunk is buffered or the stream is over (FIN read: returns, buffer empty)."""
         while not self._buf:
             if self._fin:
-                self._conn._recv_done(self)
+                self._port.recv_done(self)
                 return
             if self._error is not None:
                 raise self._error
             if self._waiter is not None:
                 raise RuntimeError(f"concurrent read() on stream {self.stream_id}")
-            self._waiter = self._conn._loop.create_future()
+            self._waiter = self._port.loop.create_future()
             try:
                 await self._waiter
             finally:
@@ -273,19 +278,19 @@ class RecvStream:
         """Ask the peer to stop (STOP_SENDING with ``code``) and drop buffered data."""
         if self._fin or self._error is not None:
             return
-        self._conn._stop_stream(self.stream_id, code)
+        self._port.stop(self.stream_id, code)
         self._drop(StreamReset(code))
 
-    # -- used by Connection ------------------------------------------------------------
+    # -- events, from the session's StreamTable -----------------------------------------
 
-    def _feed(self, data: bytes, fin: bool) -> None:
+    def on_data(self, data: bytes, fin: bool) -> None:
         if self._error is not None:
             return  # stopped locally: late data is discarded (credit already released)
         if data:
             self._buf.append(data)
             self._buffered += len(data)
-            if self._conn._buffered(self.stream_id, len(data)):
-                self._conn._stop_stream(self.stream_id, RECEIVE_OVERFLOW_CODE)
+            if self._port.buffered(self.stream_id, len(data)):
+                self._port.stop(self.stream_id, RECEIVE_OVERFLOW_CODE)
                 self._drop(ReceiveBufferFull(RECEIVE_OVERFLOW_CODE))
                 return
         if fin:
@@ -294,18 +299,18 @@ class RecvStream:
 
     def _drop(self, exc: BaseException) -> None:
         if self._buffered:
-            self._conn._consumed(self.stream_id, self._buffered)
+            self._port.consumed(self.stream_id, self._buffered)
         self._buf.clear()
         self._buffered = 0
         self._error = exc
         self._wake()
-        self._conn._recv_done(self)
+        self._port.recv_done(self)
 
-    def _on_reset(self, code: int) -> None:
+    def on_reset(self, code: int) -> None:
         if self._error is None and not self._fin:
             self._drop(StreamReset(code))
 
-    def _on_session_closed(self, exc: ConnectionClosed) -> None:
+    def on_session_closed(self, exc: ConnectionClosed) -> None:
         # Data already received stays readable; only a missing FIN becomes an error.
         if self._error is None and not self._fin:
             self._error = exc

@@ -209,7 +209,7 @@ def test_heavy_persistent_loss_backs_off() -> None:
 # -- over real QUIC (127.0.0.1) ------------------------------------------------------------
 
 def _controller(conn: Connection) -> Any:
-    return conn._ep._quic._loss._cc
+    return conn._port._quic._loss._cc
 
 
 @pytest.mark.parametrize("name", CONGESTION_CONTROLS)
@@ -245,7 +245,7 @@ async def test_a_transfer_is_exact_with_the_controller_the_settings_name(
         for conn in (client, server_side[0]):
             cc = _controller(conn)
             assert type(cc).__name__ == expected
-            pacer = conn._ep._quic._loss._pacer
+            pacer = conn._port._quic._loss._pacer
             assert (type(pacer).__name__ == "ModelPacer") == (name == "bbr")
         if name == "bbr":
             cc = _controller(client)

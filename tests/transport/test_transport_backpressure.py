@@ -30,6 +30,11 @@ SETTINGS = QuicSettings(max_datagram_size=8952, max_stream_data=WINDOW, max_data
                         connect_timeout=5.0)
 
 
+def blocked(conn: Connection) -> set[SendStream]:
+    """The session's writers waiting for room."""
+    return conn.streams._blocked
+
+
 async def _writer(send: SendStream, payload: bytes, progress: list[int]) -> None:
     for pos in range(0, len(payload), CHUNK):
         await send.write(payload[pos:pos + CHUNK])
@@ -62,20 +67,20 @@ async def test_writer_blocks_on_a_reader_that_does_not_read(make_harness: object
         with pytest.raises(StreamStopped) as stopped:
             await w(task)
         assert stopped.value.code == RECEIVE_OVERFLOW_CODE
-        assert inc.recv.buffered == 0 and server._ep._view.unread_total == 0
+        assert inc.recv.buffered == 0 and server._port.view.unread_total == 0
         with pytest.raises(ReceiveBufferFull):
             await w(inc.recv.read_all())
         await w(client.aclose())
         return
     await _held(task, lambda: progress[0],
-                lambda: inc.recv.buffered >= WINDOW - STREAM_SLACK and send in client._blocked,
+                lambda: inc.recv.buffered >= WINDOW - STREAM_SLACK and send in blocked(client),
                 client, server)
     # receiver buffers at most its stream window; sender holds at most high water
     # (+ one write) unsent, plus what is in flight (bounded by the peer's window)
     assert inc.recv.buffered <= WINDOW
     assert send.unsent <= HIGH + CHUNK
     assert progress[0] <= WINDOW + HIGH + 2 * CHUNK + 8 * KiB
-    assert send in client._blocked
+    assert send in blocked(client)
     # reading drains everything, bit-identical, and the writer completes
     got = await w(inc.recv.read_all(), 30)
     await w(task)
@@ -101,17 +106,17 @@ async def test_connection_window_bounds_unread_streams(make_harness: object,
         outcomes = await w(asyncio.gather(*tasks, return_exceptions=True), 30)
         stopped = [o for o in outcomes if isinstance(o, StreamStopped)]
         assert stopped and all(o.code == RECEIVE_OVERFLOW_CODE for o in stopped)
-        assert server._ep._view.unread_total <= 4 * WINDOW
+        assert server._port.view.unread_total <= 4 * WINDOW
         assert all(i.recv.buffered <= WINDOW for i in incs)
         await w(client.aclose())
         return
     def unread() -> int:
         return sum(i.recv.buffered for i in incs) + sum(
-            i.recv.buffered for i in server._incoming)
+            i.recv.buffered for i in server.streams._incoming)
 
     await _held(asyncio.gather(*tasks), lambda: sum(p[0] for p in progress),
                 lambda: unread() >= 4 * WINDOW - CONNECTION_SLACK and all(
-                    t.done() or s in client._blocked for t, s in zip(tasks, sends, strict=True)),
+                    t.done() or s in blocked(client) for t, s in zip(tasks, sends, strict=True)),
                 client, server)
     assert unread() <= 4 * WINDOW
     for inc in incs:
@@ -140,7 +145,7 @@ async def test_unread_data_is_released_by_stop_sending(make_harness: object,
     inc = await w(server.accept())
     if credit_follows_reads():
         await _held(task, lambda: progress[0],
-                    lambda: inc.recv.buffered >= WINDOW - STREAM_SLACK and stuck in client._blocked,
+                    lambda: inc.recv.buffered >= WINDOW - STREAM_SLACK and stuck in blocked(client),
                     client, server)
         inc.recv.stop_sending(0x1)
         code = 0x1
@@ -148,8 +153,8 @@ async def test_unread_data_is_released_by_stop_sending(make_harness: object,
         code = RECEIVE_OVERFLOW_CODE  # qh3: the overflow stopped it already
     assert await w(stuck.wait_stopped()) == code
     task.cancel()
-    assert server._ep._view.unread_total == 0  # receive window given back
-    assert client._conn_unsent() < CHUNK  # the reset stream's queue is not counted
+    assert server._port.view.unread_total == 0  # receive window given back
+    assert client.streams.connection_unsent() < CHUNK  # the reset stream's queue is not counted
     # the session still moves data afterwards
     s = await w(client.open_uni())
     await w(s.write(b"after", end_stream=True))
@@ -172,14 +177,14 @@ async def test_a_client_that_does_not_read_slows_the_sender(make_harness: object
     inc = await w(client.accept())
     if credit_follows_reads("client"):
         await _held(task, lambda: progress[0],
-                    lambda: inc.recv.buffered >= WINDOW - STREAM_SLACK and send in server._blocked,
+                    lambda: inc.recv.buffered >= WINDOW - STREAM_SLACK and send in blocked(server),
                     server, client)
         assert inc.recv.buffered <= WINDOW
     else:
         # a paused client reads no datagrams either: no round trip, but nothing moves
         # until it reads again
-        reader = client._ep._reader
-        await until(lambda: reader is not None and reader.paused and send in server._blocked,
+        reader = client._port._reader
+        await until(lambda: reader is not None and reader.paused and send in blocked(server),
                     "the client's reader paused and the server's writer waiting")
         assert not task.done()
     # one burst of datagrams may land after the pause: a window plus a burst at most

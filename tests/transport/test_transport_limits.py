@@ -42,7 +42,7 @@ async def test_unaccepted_streams_hold_their_credit(make_harness: object, transp
     assert opened[0] == held and not opener.done()
     # the limit was reached (WebTransport's own 3 uni streams count against it)
     assert LIMITS.max_streams_uni - 3 <= held <= LIMITS.max_streams_uni
-    assert 0 < len(server._incoming) <= LIMITS.max_streams_uni
+    assert 0 < len(server.streams._incoming) <= LIMITS.max_streams_uni
     got = [await w(server.accept()) for _ in range(n)]
     await w(opener)
     assert [await w(g.recv.read_all()) for g in got] == [bytes([i]) for i in range(n)]
@@ -84,14 +84,14 @@ async def test_keepalive_outlives_idle_timeout(make_harness: object,
     client, server = await h.pair("quic", settings)
     if keepalive is None:
         await w(client.wait_closed(), 5)
-        info = client.close_info
+        info = client.streams.close_exc
         assert info is not None and not info.application  # idle timeout, not the peer
         assert loop.time() - start >= idle
     else:
         # Decided by keepalives sent, not by a window: the session must still be open after
         # more keepalives than fit in two idle timeouts, and after that much time.
         pings = [0]
-        quic = client._ep._quic
+        quic = client._port._quic
         send_ping = quic.send_ping
 
         def counting(uid: int) -> None:
@@ -103,7 +103,7 @@ async def test_keepalive_outlives_idle_timeout(make_harness: object,
         closed = asyncio.ensure_future(client.wait_closed())
         await until(lambda: (pings[0] >= needed and loop.time() - start > 2 * idle)
                     or closed.done(), f"{needed} keepalives")
-        assert not closed.done(), client.close_info
+        assert not closed.done(), client.streams.close_exc
         closed.cancel()
         s = await w(client.open_uni())
         await w(s.write(b"still here", end_stream=True))

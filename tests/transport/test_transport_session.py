@@ -37,7 +37,7 @@ async def test_close_code_and_reason_reach_the_peer(harness: Harness, transport:
     active.close(0x3, "protocol violation: test")
     assert await w(active.wait_closed()) == (0x3, "protocol violation: test")
     assert await w(passive.wait_closed()) == (0x3, "protocol violation: test")
-    info = passive.close_info
+    info = passive.streams.close_exc
     assert info is not None and info.application
     with pytest.raises(ConnectionClosed) as e:
         await w(pending_accept)

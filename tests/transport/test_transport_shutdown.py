@@ -30,7 +30,7 @@ async def test_the_keepalive_of_a_closing_connection_logs_no_error(
     h: Harness = await make_harness(KEEPALIVE)  # type: ignore[operator]
     client, server = await h.pair("quic", KEEPALIVE)
     conn = client if closing == "client" else server
-    ep = conn._ep
+    ep = conn._port
     conn.close(0, "done")
     assert not ep._quic_closed  # still in its closing period
     # Run the keepalive as its timer would (a callback of the loop: an exception in it is
@@ -66,9 +66,9 @@ def test_a_webtransport_linger_cut_by_shutdown_logs_no_error(
             client = await w(connect(url_for(srv, "webtransport"), settings=SETTINGS,
                                      ca_file=certs.certfile))
             server = await w(sessions.get())
-            client._ep._abort()  # the peer goes away without a word: the linger waits
+            client._port.abort()  # the peer goes away without a word: the linger waits
             server.close(0, "bye")
-            ep = server._ep
+            ep = server._port
             # its linger task has started and waits (suspended) for the peer's FIN
             await until(lambda: bool(ep._tasks) and all(
                 inspect.getcoroutinestate(t.get_coro()) == inspect.CORO_SUSPENDED  # type: ignore[arg-type]

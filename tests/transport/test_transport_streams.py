@@ -99,13 +99,13 @@ async def test_reset_code_arrives(pair: Pair, code: int) -> None:
 async def test_webtransport_reset_uses_mapped_code_on_the_wire(harness: Harness) -> None:
     client, server = await harness.pair("webtransport")
     seen: list[int] = []
-    original = server._on_stream_reset
+    original = server.streams.on_stream_reset
 
     def spy(sid: int, wire_code: int) -> None:
         seen.append(wire_code)
         original(sid, wire_code)
 
-    server._on_stream_reset = spy  # type: ignore[method-assign]
+    server.streams.on_stream_reset = spy  # type: ignore[method-assign]
     s = await w(client.open_uni())
     await w(s.write(b"a"))
     inc = await w(server.accept())

@@ -61,7 +61,7 @@ async def test_quic_sockets_keep_the_kernels_buffers(harness: Harness) -> None:
     plain.close()
     client, _ = await harness.pair("quic")
     try:
-        socks = [client._ep._sender._sock, harness.server._sock]  # type: ignore[union-attr]
+        socks = [client._port._sender._sock, harness.server._sock]  # type: ignore[union-attr]
         socks += worker_sockets("127.0.0.1", 0, 2)  # `kvcs relay --workers 2`'s
         for sock in socks:
             assert sock is not None

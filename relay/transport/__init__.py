@@ -13,6 +13,33 @@ Public API::
     chunks = await recv.read_chunks()       # every chunk queued, none joined; [] == FIN
     conn.close(code, reason); code, reason = await conn.wait_closed()
 
+Who owns what (each module's docstring says more)::
+
+    client.py, server.py   dial / listen: sockets, TLS configuration, one Endpoint per
+                           QUIC connection; the server hands each session to its handler
+    endpoint.py            Endpoint: drives the library's sans-IO QuicConnection (datagrams
+                           in, events, datagrams out, one timer), routes stream events to
+                           the owning session, keepalive, transmit retries
+    webtransport.py        WebTransport: extended CONNECT, capsules, session close and
+                           linger, datagram framing, the WT error-code range (ALPN h3)
+    connection.py          Connection (the application's session) over its StreamTable
+                           (the session's streams, incoming queue, datagrams)
+    streams.py             SendStream / RecvStream: backpressure, reads, resets
+    port.py                the seams: EndpointPort (session -> endpoint) and StreamPort
+                           (stream -> session), as the calls that cross them
+    backend.py, _aioquic.py, _qh3.py
+                           the QUIC library behind a QuicView; only _aioquic.py and _qh3.py
+                           import one (docs/transport.md lists the private members used)
+    burst.py, gso.py       receiving in bursts, sending in GSO batches
+    congestion.py          the bbr controller registered with aioquic
+    config.py, tls.py, errors.py
+                           settings, certificates, the errors callers catch
+
+Calls cross the seams downward only through port.py's protocols (a stream cannot reach the
+QUIC connection, a session cannot reach the endpoint's internals); events go upward as the
+StreamTable's ``on_*`` calls, from the endpoint and from WebTransport (which reaches the
+endpoint through ``WebTransportHost``).
+
 Operational behaviour (details in the module docstrings):
 
 * Memory is bounded both ways. Sending: ``write`` waits while a stream has more than

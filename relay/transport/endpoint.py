@@ -1,8 +1,10 @@
 """The per-QUIC-connection protocol: aioquic events in, sessions and streams out.
 
 One :class:`Endpoint` exists per QUIC connection. With ALPN ``moqt-22`` it carries
-exactly one :class:`Connection`; with ALPN ``h3`` it runs the backend's H3Connection and
-carries one Connection per WebTransport session (normally one).
+exactly one :class:`Connection`; with ALPN ``h3`` it hands HTTP/3 to a
+:class:`~relay.transport.webtransport.WebTransport`, which carries one Connection per
+WebTransport session (normally one). Sessions reach it through
+:class:`~relay.transport.port.EndpointPort`, WebTransport through its ``WebTransportHost``.
 
 Routing rule for stream events: a stream we know (``_owner``) is handled directly, so
 WebTransport stream data bypasses the HTTP/3 layer after its header. Unknown streams go
@@ -14,32 +16,18 @@ be parsed as a fresh stream and could kill the connection).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .backend import QuicBackend, QuicView
 from .burst import BURST, ReaderControl
-from .config import H3_ALPN, MOQT_ALPN, VERSION_NEGOTIATION_FAILED_CODE, QuicSettings
+from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection, StreamTable
-from .errors import ConnectionClosed, ProtocolNegotiationError, TransportError
+from .errors import ConnectionClosed, ProtocolNegotiationError
 from .gso import DatagramSender
 from .port import StreamTablePort
-from .webtransport import (
-    CAPSULE_CLOSE_WEBTRANSPORT_SESSION,
-    H3_NO_ERROR,
-    HDR_AVAILABLE_PROTOCOLS,
-    HDR_PROTOCOL,
-    WT_SESSION_GONE,
-    CapsuleParser,
-    decode_close_capsule,
-    encode_close_capsule,
-    encode_uint_var,
-    parse_sf_item,
-    pull_uint_var,
-    select_protocol,
-    sf_string,
-)
+from .webtransport import WebTransport
 
 if TYPE_CHECKING:
     from .server import Server
@@ -48,9 +36,6 @@ log = logging.getLogger(__name__)
 
 # TLS alert no_application_protocol (120) as a QUIC CRYPTO_ERROR (0x100 + alert).
 _ALPN_ALERT = 0x100 + 120
-# How long an endpoint whose last WebTransport session ended waits for the peer to
-# finish the CONNECT stream before closing the QUIC connection underneath.
-_WT_LINGER = 1.0
 # Retrying a transmit the library failed to build: first delay, doubling up to the last.
 _RETRY_FIRST = 0.001
 _RETRY_MAX = 0.1
@@ -97,11 +82,8 @@ class Endpoint(asyncio.DatagramProtocol):
         self._local_bit = 0 if self._is_client else 1
         self._path = path
         self._authority = authority
-        self._h3: Any = None
-        self._raw: Connection | None = None
-        self._sessions: dict[int, Connection] = {}
-        self._capsules: dict[int, CapsuleParser] = {}
-        self._peer_finished: dict[int, asyncio.Event] = {}
+        self._wt: WebTransport | None = None  # ALPN h3
+        self._raw: Connection | None = None  # ALPN moqt-22
         self._owner: dict[int, StreamTable] = {}
         self._peer_next = {0: 0, 1: 1, 2: 2, 3: 3}
         self._gaps: set[int] = set()
@@ -109,7 +91,6 @@ class Endpoint(asyncio.DatagramProtocol):
         self._quic_closed = False
         self._terminated = asyncio.Event()
         self._ready: asyncio.Future[Connection] = self._loop.create_future()
-        self._connect_sid: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- EndpointPort: what a session's Connection and StreamTable call (port.py) ----------
@@ -145,10 +126,8 @@ class Endpoint(asyncio.DatagramProtocol):
             q.send_stream_data(nxt, b"")  # allocates the stream ID now
             sid = nxt
         else:
-            assert self._h3 is not None
-            sid = self._h3.create_webtransport_stream(table.session_id, is_unidirectional=uni)
-            self._view.note_stream_header(sid)
-            self.transmit_soon()
+            assert self._wt is not None
+            sid = self._wt.open_stream(table.session_id, uni=uni)
         self._owner[sid] = table  # type: ignore[assignment]  # the StreamTable itself
         return sid
 
@@ -171,17 +150,14 @@ class Endpoint(asyncio.DatagramProtocol):
 
     def retire(self, sid: int) -> None:
         self._owner.pop(sid, None)
-        if self._h3 is not None:
-            # H3 never forgets bidi WebTransport streams by itself.
-            self._b.forget_h3_stream(self._h3, sid)
+        if self._wt is not None:
+            self._wt.forget_stream(sid)
 
     def send_datagram(self, session_id: int | None, data: bytes) -> None:
         if session_id is None:
             self._quic.send_datagram_frame(data)
         else:
-            # RFC 9297 HTTP Datagram: quarter stream ID, then the payload. Framed here,
-            # not by H3Connection: qh3's still uses the older flow-ID form.
-            self._quic.send_datagram_frame(encode_uint_var(session_id // 4) + data)
+            self._quic.send_datagram_frame(WebTransport.frame_datagram(session_id, data))
         self.transmit_soon()
 
     def close_session(self, table: StreamTablePort, code: int, reason: str) -> None:
@@ -190,11 +166,10 @@ class Endpoint(asyncio.DatagramProtocol):
             self._quic.close(error_code=code, reason_phrase=reason)
             for sid in table.on_closed(exc):
                 self.retire(sid)
-            self._wake_credit_waiters()
+            self.wake_credit_waiters()
         else:
-            conn = self._sessions[table.session_id]
-            self._wt_send_close(table.session_id, encode_close_capsule(code, reason))
-            self._wt_session_closed(conn, exc)
+            assert self._wt is not None
+            self._wt.close(table.session_id, code, reason)
         self.transmit()
 
     def transmit_soon(self) -> None:
@@ -246,117 +221,9 @@ class Endpoint(asyncio.DatagramProtocol):
     # -- sessions ----------------------------------------------------------------------
 
     def _sessions_all(self) -> list[Connection]:
-        return [self._raw] if self._raw is not None else list(self._sessions.values())
-
-    # -- WebTransport session plumbing ------------------------------------------------
-
-    def _wt_send_close(self, session_id: int, capsule: bytes) -> None:
-        assert self._h3 is not None
-        try:
-            self._h3.send_data(session_id, capsule, end_stream=True)
-        except Exception:  # stream already ended or reset: nothing more to say
-            log.debug("could not send on CONNECT stream %d", session_id, exc_info=True)
-
-    def _wt_session_closed(self, conn: Connection, exc: ConnectionClosed) -> None:
-        q = self._quic
-        for sid in conn.streams.on_closed(exc):
-            # The WT draft: streams of a terminated session are reset/stopped with
-            # WT_SESSION_GONE.
-            local = (sid & 1) == self._local_bit
-            try:
-                if local or not sid & 2:
-                    self._view.forget_unsent(sid)
-                    q.reset_stream(sid, WT_SESSION_GONE)
-                if not local or not sid & 2:
-                    q.stop_stream(sid, WT_SESSION_GONE)
-            except ValueError:
-                pass  # aioquic already discarded that direction
-            self.retire(sid)
-        self._wake_credit_waiters()
-        if all(c.closed for c in self._sessions.values()):
-            self._spawn(self._wt_linger(list(self._sessions)))
-
-    async def _wt_linger(self, session_ids: list[int]) -> None:
-        # One event after the other, in this task: no gather. A gather's child tasks are
-        # cancelled on their own at shutdown (asyncio.run cancels every task), which sets a
-        # CancelledError on the gather that nobody retrieves any more ("_GatheringFuture
-        # exception was never retrieved", logged at ERROR after WebTransport sessions).
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_WT_LINGER):
-                for s in session_ids:
-                    await self._peer_finished.setdefault(s, asyncio.Event()).wait()
-        if not self._quic_closed and all(c.closed for c in self._sessions.values()):
-            self._quic.close(error_code=H3_NO_ERROR, reason_phrase="")
-            self.transmit()
-
-    def _wt_peer_finished(self, session_id: int, code: int, reason: str,
-                          application: bool = True) -> None:
-        self._peer_finished.setdefault(session_id, asyncio.Event()).set()
-        conn = self._sessions.get(session_id)
-        if conn is not None and not conn.closed:
-            # Answer with our own FIN on the CONNECT stream, as the WT draft asks.
-            self._wt_send_close(session_id, b"")
-            self._wt_session_closed(conn, ConnectionClosed(code, reason,
-                                                           application=application))
-            self.transmit()
-
-    def _on_capsule_data(self, session_id: int, data: bytes, ended: bool) -> None:
-        parser = self._capsules.setdefault(session_id, CapsuleParser())
-        for ctype, value in parser.feed(data):
-            if ctype == CAPSULE_CLOSE_WEBTRANSPORT_SESSION:
-                try:
-                    code, reason = decode_close_capsule(value)
-                except ValueError:
-                    code, reason = 0, ""
-                self._wt_peer_finished(session_id, code, reason)
-        if ended:
-            # FIN without a CLOSE capsule means code 0 (WT draft).
-            self._wt_peer_finished(session_id, 0, "")
-
-    # -- client side --------------------------------------------------------------------
-
-    def _send_connect(self) -> None:
-        assert self._h3 is not None
-        sid = self._quic.get_next_available_stream_id()
-        self._connect_sid = sid
-        self._h3.send_headers(sid, [
-            (b":method", b"CONNECT"),
-            (b":protocol", b"webtransport"),
-            (b":scheme", b"https"),
-            (b":authority", self._authority.encode()),
-            (b":path", self._path.encode()),
-            (HDR_AVAILABLE_PROTOCOLS, sf_string(MOQT_ALPN)),
-            (b"sec-webtransport-http3-draft02", b"1"),
-        ])
-        self.transmit()
-
-    def _on_connect_response(self, sid: int, headers: list[tuple[bytes, bytes]]) -> None:
-        h = dict(headers)
-        status = h.get(b":status", b"")
-        if status.startswith(b"1"):
-            return  # interim response
-        if status != b"200":
-            self._fail_ready(TransportError(
-                f"WebTransport CONNECT to {self._path!r} refused: HTTP {status.decode()}"))
-            self._quic.close(error_code=H3_NO_ERROR, reason_phrase="")
-            self.transmit()
-            return
-        proto = parse_sf_item(h.get(HDR_PROTOCOL, b""))
-        conn = Connection(self, transport="webtransport", session_id=sid,
-                          path=self._path, authority=self._authority)
-        self._sessions[sid] = conn
-        if proto != MOQT_ALPN:
-            self._fail_ready(ProtocolNegotiationError(
-                f"server selected WT-Protocol {proto!r}, not {MOQT_ALPN!r}"))
-            conn.close(VERSION_NEGOTIATION_FAILED_CODE, "version negotiation failed")
-            return
-        if not self._ready.done():
-            self._ready.set_result(conn)
-
-    def _fail_ready(self, exc: BaseException) -> None:
-        if not self._ready.done():
-            self._ready.set_exception(exc)
-            self._ready.exception()  # server endpoints never await it: no "never retrieved"
+        if self._raw is not None:
+            return [self._raw]
+        return list(self._wt.sessions.values()) if self._wt is not None else []
 
     def abort(self) -> None:
         """Drop the client socket without waiting for QUIC's closing period."""
@@ -364,42 +231,9 @@ class Endpoint(asyncio.DatagramProtocol):
             self._transport.close()
         self._terminated.set()
 
-    # -- server side ---------------------------------------------------------------------
-
-    def _on_connect_request(self, sid: int, headers: list[tuple[bytes, bytes]]) -> None:
-        assert self._h3 is not None and self._server is not None
-        h = dict(headers)
-        path = h.get(b":path", b"").decode("utf-8", "replace")
-        if h.get(b":method") != b"CONNECT" or h.get(b":protocol") != b"webtransport":
-            self._respond(sid, b"400")
-            return
-        if path.split("?", 1)[0] != self._server.wt_path:
-            self._respond(sid, b"404")
-            return
-        proto = select_protocol(h.get(HDR_AVAILABLE_PROTOCOLS))
-        if proto is None:
-            # No common MOQT version: refuse rather than guess (WT draft allows either).
-            self._respond(sid, b"400")
-            return
-        self._h3.send_headers(sid, [
-            (b":status", b"200"),
-            (b"sec-webtransport-http3-draft", b"draft02"),
-            (HDR_PROTOCOL, sf_string(proto)),
-        ])
-        conn = Connection(self, transport="webtransport", session_id=sid, path=path,
-                          authority=h.get(b":authority", b"").decode("utf-8", "replace"))
-        self._sessions[sid] = conn
-        self.transmit()
-        self._server.spawn_handler(conn)
-
-    def _respond(self, sid: int, status: bytes) -> None:
-        assert self._h3 is not None
-        self._h3.send_headers(sid, [(b":status", status)], end_stream=True)
-        self.transmit()
-
     # -- aioquic events ------------------------------------------------------------------
 
-    def _is_new_peer_stream(self, sid: int) -> bool:
+    def is_new_peer_stream(self, sid: int) -> bool:
         if (sid & 1) == self._local_bit:
             return False
         kind = sid & 3
@@ -420,9 +254,9 @@ class Endpoint(asyncio.DatagramProtocol):
             owner = self._owner.get(event.stream_id)
             if owner is not None:
                 owner.on_stream_data(event.stream_id, event.data, event.end_stream)
-            elif self._h3 is not None:
-                self._to_h3(event, event.stream_id)
-            elif self._raw is not None and self._is_new_peer_stream(event.stream_id):
+            elif self._wt is not None:
+                self._wt.on_event(event, event.stream_id)
+            elif self._raw is not None and self.is_new_peer_stream(event.stream_id):
                 table = self._owner[event.stream_id] = self._raw.streams
                 table.on_new_stream(event.stream_id, uni=bool(event.stream_id & 2))
                 table.on_stream_data(event.stream_id, event.data, event.end_stream)
@@ -430,12 +264,9 @@ class Endpoint(asyncio.DatagramProtocol):
             owner = self._owner.get(event.stream_id)
             if owner is not None:
                 owner.on_stream_reset(event.stream_id, event.error_code)
-            elif self._h3 is not None:
-                self._to_h3(event, event.stream_id)
-                if event.stream_id in self._sessions:
-                    self._wt_peer_finished(event.stream_id, event.error_code,
-                                           "CONNECT stream reset", application=False)
-            elif self._raw is not None and self._is_new_peer_stream(event.stream_id):
+            elif self._wt is not None:
+                self._wt.on_stream_reset(event)
+            elif self._raw is not None and self.is_new_peer_stream(event.stream_id):
                 # Reset before any data: still surfaced, so accept() order is lossless.
                 table = self._owner[event.stream_id] = self._raw.streams
                 table.on_new_stream(event.stream_id, uni=bool(event.stream_id & 2))
@@ -444,17 +275,17 @@ class Endpoint(asyncio.DatagramProtocol):
             owner = self._owner.get(event.stream_id)
             if owner is not None:
                 owner.on_stop_sending(event.stream_id, event.error_code)
-            elif self._h3 is not None:
-                self._to_h3(event, event.stream_id)
+            elif self._wt is not None:
+                self._wt.on_event(event, event.stream_id)
         elif t is e.DatagramFrameReceived:
             if self._raw is not None:
                 self._raw.streams.on_datagram(event.data)
-            elif self._h3 is not None:
-                self._on_wt_datagram(event.data)
+            elif self._wt is not None:
+                self._wt.on_datagram(event.data)
         elif t is e.ProtocolNegotiated:
             self._on_alpn(event.alpn_protocol)
         elif t is e.HandshakeCompleted:
-            if self._raw is None and self._h3 is None:
+            if self._raw is None and self._wt is None:
                 self._on_alpn(event.alpn_protocol)  # qh3 reports the ALPN only here
             self._on_handshake()
         elif t is e.ConnectionTerminated:
@@ -463,54 +294,10 @@ class Endpoint(asyncio.DatagramProtocol):
             if self._is_client and self._transport is not None:
                 self._transport.close()
 
-    def _to_h3(self, event: Any, sid: int) -> None:
-        assert self._h3 is not None
-        if self._b.h3_knows_stream(self._h3, sid) or self._is_new_peer_stream(sid):
-            for h3ev in self._h3.handle_event(event):
-                self._h3_event(h3ev)
-
-    def _h3_event(self, ev: Any) -> None:
-        e = self._b.h3_events
-        if isinstance(ev, e.WebTransportStreamDataReceived):
-            sid = ev.stream_id
-            assert self._h3 is not None
-            self._b.forget_h3_stream(self._h3, sid)  # from now on we route it ourselves
-            conn = self._sessions.get(ev.session_id)
-            if conn is None or conn.closed:
-                self._reject_stream(sid)
-                return
-            table = self._owner[sid] = conn.streams
-            table.on_new_stream(sid, uni=bool(sid & 2))
-            table.on_stream_data(sid, ev.data, ev.stream_ended)
-        elif isinstance(ev, e.DataReceived):
-            if ev.stream_id in self._sessions:
-                self._on_capsule_data(ev.stream_id, ev.data, ev.stream_ended)
-        elif isinstance(ev, e.HeadersReceived):
-            if self._is_client:
-                if ev.stream_id == self._connect_sid and ev.stream_id not in self._sessions:
-                    self._on_connect_response(ev.stream_id, ev.headers)
-            elif ev.stream_id not in self._sessions:
-                self._on_connect_request(ev.stream_id, ev.headers)
-
-    def _on_wt_datagram(self, data: bytes) -> None:
-        head = pull_uint_var(data, 0)
-        if head is None:
-            return  # no quarter stream ID: not a datagram of ours (RFC 9297 says drop)
-        conn = self._sessions.get(head[0] * 4)
-        if conn is not None and not conn.closed:
-            conn.streams.on_datagram(data[head[1]:])
-
-    def _reject_stream(self, sid: int) -> None:
-        try:
-            self._quic.stop_stream(sid, WT_SESSION_GONE)
-            if not sid & 2:
-                self._quic.reset_stream(sid, WT_SESSION_GONE)
-        except ValueError:
-            pass
-
     def _on_alpn(self, alpn: str | None) -> None:
         if alpn == H3_ALPN:
-            self._h3 = self._b.h3(self._quic)
+            self._wt = WebTransport(
+                self, wt_path=self._server.wt_path if self._server is not None else None)
         elif alpn == MOQT_ALPN:
             self._raw = Connection(self, transport="quic", path=self._path,
                                    authority=self._authority)
@@ -538,12 +325,11 @@ class Endpoint(asyncio.DatagramProtocol):
         self._schedule_keepalive()
         if self._is_client:
             if self._raw is not None:
-                if not self._ready.done():
-                    self._ready.set_result(self._raw)
-            elif self._h3 is not None:
-                self._send_connect()
+                self.session_ready(self._raw)
+            elif self._wt is not None:
+                self._wt.send_connect(self._path, self._authority)
             else:
-                self._fail_ready(ProtocolNegotiationError("server selected no known ALPN"))
+                self.session_failed(ProtocolNegotiationError("server selected no known ALPN"))
         elif self._raw is not None and self._server is not None:
             self._server.spawn_handler(self._raw)
 
@@ -563,14 +349,14 @@ class Endpoint(asyncio.DatagramProtocol):
                 for sid in conn.streams.on_closed(exc):
                     self.retire(sid)
         if ev.error_code == _ALPN_ALERT and not app:
-            self._fail_ready(ProtocolNegotiationError(
+            self.session_failed(ProtocolNegotiationError(
                 f"server refused ALPN ({ev.reason_phrase or 'no_application_protocol'})"))
         else:
-            self._fail_ready(ConnectionClosed(ev.error_code, ev.reason_phrase,
+            self.session_failed(ConnectionClosed(ev.error_code, ev.reason_phrase,
                                               application=app))
-        self._wake_credit_waiters()
-        for ev_ in self._peer_finished.values():
-            ev_.set()
+        self.wake_credit_waiters()
+        if self._wt is not None:
+            self._wt.quic_closed()
 
     # -- I/O: datagrams in, events, datagrams out, one timer -----------------------------
 
@@ -669,12 +455,11 @@ class Endpoint(asyncio.DatagramProtocol):
         # Everything that unblocks writers (ACKs, MAX_STREAM_DATA, MAX_STREAMS) is
         # processed right before a transmit, and transmit moves queued bytes to the wire.
         if self._credit_waiters:
-            self._wake_credit_waiters()
+            self.wake_credit_waiters()
         if self._raw is not None:
             self._raw.streams.wake_writers()
-        else:
-            for conn in self._sessions.values():
-                conn.streams.wake_writers()
+        elif self._wt is not None:
+            self._wt.wake_writers()
 
     def _transmit_failed(self, error: Exception) -> None:
         """The library could not build everything it had to send (qh3: "packet builder
@@ -695,13 +480,50 @@ class Endpoint(asyncio.DatagramProtocol):
         self._retry = None
         self.transmit()
 
-    def _wake_credit_waiters(self) -> None:
+    # -- WebTransportHost: what WebTransport (webtransport.py) calls --------------------
+
+    @property
+    def quic(self) -> Any:
+        return self._quic
+
+    @property
+    def backend(self) -> QuicBackend:
+        return self._b
+
+    @property
+    def quic_closed(self) -> bool:
+        return self._quic_closed
+
+    def adopt(self, sid: int, table: StreamTable) -> None:
+        self._owner[sid] = table
+
+    def is_local(self, sid: int) -> bool:
+        return (sid & 1) == self._local_bit
+
+    def wake_credit_waiters(self) -> None:
         waiters, self._credit_waiters = self._credit_waiters, []
         for w in waiters:
             if not w.done():
                 w.set_result(None)
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def new_session(self, session_id: int, path: str, authority: str) -> Connection:
+        return Connection(self, transport="webtransport", session_id=session_id, path=path,
+                          authority=authority)
+
+    def session_ready(self, conn: Connection) -> None:
+        if not self._ready.done():
+            self._ready.set_result(conn)
+
+    def session_failed(self, exc: BaseException) -> None:
+        if not self._ready.done():
+            self._ready.set_exception(exc)
+            self._ready.exception()  # server endpoints never await it: no "never retrieved"
+
+    def accept_session(self, conn: Connection) -> None:
+        assert self._server is not None
+        self._server.spawn_handler(conn)

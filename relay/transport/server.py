@@ -61,11 +61,6 @@ class Server:
         return self.address[1]
 
     @property
-    def connections(self) -> frozenset[Connection]:
-        """Sessions currently open."""
-        return frozenset(c for c in self._connections if not c.closed)
-
-    @property
     def accepting(self) -> bool:
         """False once :meth:`stop_accepting` or :meth:`close` was called."""
         return not self._closing

@@ -209,11 +209,6 @@ class RecvStream:
         """Bytes received and not yet read."""
         return self._buffered
 
-    @property
-    def at_eof(self) -> bool:
-        """True once the FIN has been read."""
-        return self._fin and not self._buf
-
     async def read(self) -> bytes:
         """Return the next chunk as received (no copy); ``b""`` means FIN (end of stream).
 
@@ -262,17 +257,6 @@ class RecvStream:
                 await self._waiter
             finally:
                 self._waiter = None
-
-    async def read_all(self, limit: int | None = None) -> bytes:
-        """Read until FIN and return everything (raise TransportError past ``limit``)."""
-        parts: list[bytes] = []
-        total = 0
-        while chunk := await self.read():
-            total += len(chunk)
-            if limit is not None and total > limit:
-                raise TransportError(f"stream {self.stream_id} exceeds {limit} bytes")
-            parts.append(chunk)
-        return b"".join(parts)
 
     def stop_sending(self, code: int) -> None:
         """Ask the peer to stop (STOP_SENDING with ``code``) and drop buffered data."""

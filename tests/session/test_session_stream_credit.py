@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from session_helpers import TIMEOUT, TrackPublisher
+from stream_helpers import read_all
 
 from relay.moqt.control import ControlStreamParser, encode_message
 from relay.moqt.messages import Fetch, FetchOk, Setup
@@ -62,7 +63,7 @@ async def _fetch_without_fin(conn: Connection, rid: int) -> bytes:
         assert chunk, "request stream ended before FETCH_OK"
         replies += parser.feed(chunk)
     assert isinstance(replies[0], FetchOk), replies
-    data = await (await conn.accept()).recv.read_all()
+    data = await read_all((await conn.accept()).recv)
     while chunk := await recv.read():  # the responder FINs once the fetch stream is done
         assert not parser.feed(chunk)
     return data

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 from backends import credit_follows_reads
 from conftest import round_trips, until, w
+from stream_helpers import read_all
 
 from relay.transport import Connection, QuicSettings, SendStream, StreamStopped
 from relay.transport.config import RECEIVE_OVERFLOW_CODE
@@ -69,7 +70,7 @@ async def test_writer_blocks_on_a_reader_that_does_not_read(make_harness: object
         assert stopped.value.code == RECEIVE_OVERFLOW_CODE
         assert inc.recv.buffered == 0 and server._port.view.unread_total == 0
         with pytest.raises(ReceiveBufferFull):
-            await w(inc.recv.read_all())
+            await w(read_all(inc.recv))
         await w(client.aclose())
         return
     await _held(task, lambda: progress[0],
@@ -82,7 +83,7 @@ async def test_writer_blocks_on_a_reader_that_does_not_read(make_harness: object
     assert progress[0] <= WINDOW + HIGH + 2 * CHUNK + 8 * KiB
     assert send in blocked(client)
     # reading drains everything, bit-identical, and the writer completes
-    got = await w(inc.recv.read_all(), 30)
+    got = await w(read_all(inc.recv), 30)
     await w(task)
     assert got == payload
     await w(client.aclose())
@@ -126,7 +127,7 @@ async def test_connection_window_bounds_unread_streams(make_harness: object,
 
     async def drain_one() -> None:
         inc = incs.pop() if incs else await server.accept()
-        results[inc.stream_id] = await inc.recv.read_all()
+        results[inc.stream_id] = await read_all(inc.recv)
 
     await w(asyncio.gather(*(drain_one() for _ in range(n))), 30)
     await w(asyncio.gather(*tasks))
@@ -159,7 +160,7 @@ async def test_unread_data_is_released_by_stop_sending(make_harness: object,
     s = await w(client.open_uni())
     await w(s.write(b"after", end_stream=True))
     inc2 = await w(server.accept())
-    assert await w(inc2.recv.read_all()) == b"after"
+    assert await w(read_all(inc2.recv)) == b"after"
     await w(client.aclose())
 
 
@@ -189,7 +190,7 @@ async def test_a_client_that_does_not_read_slows_the_sender(make_harness: object
         assert not task.done()
     # one burst of datagrams may land after the pause: a window plus a burst at most
     assert inc.recv.buffered <= WINDOW + 512 * KiB
-    got = await w(inc.recv.read_all(), 60)
+    got = await w(read_all(inc.recv), 60)
     await w(task, 60)
     assert got == payload
     await w(client.aclose())

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import Harness, w
+from stream_helpers import read_all
 
 from relay.transport import QuicSettings, connect
 
@@ -71,10 +72,10 @@ async def test_a_lost_first_flight_still_completes_the_handshake(
         send, recv = await w(client.open_bi())
         await w(send.write(b"ping", end_stream=True))
         inc = await w(server.accept())
-        assert await w(inc.recv.read_all()) == b"ping"
+        assert await w(read_all(inc.recv)) == b"ping"
         assert inc.send is not None
         await w(inc.send.write(b"pong", end_stream=True))
-        assert await w(recv.read_all()) == b"pong"
+        assert await w(read_all(recv)) == b"pong"
         await w(client.aclose())
     finally:
         transport.close()

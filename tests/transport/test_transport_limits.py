@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from backends import credit_follows_reads
 from conftest import round_trips, until, w
+from stream_helpers import read_all
 
 from relay.transport import QuicSettings
 
@@ -45,7 +46,7 @@ async def test_unaccepted_streams_hold_their_credit(make_harness: object, transp
     assert 0 < len(server.streams._incoming) <= LIMITS.max_streams_uni
     got = [await w(server.accept()) for _ in range(n)]
     await w(opener)
-    assert [await w(g.recv.read_all()) for g in got] == [bytes([i]) for i in range(n)]
+    assert [await w(read_all(g.recv)) for g in got] == [bytes([i]) for i in range(n)]
     await w(client.aclose())
 
 
@@ -57,14 +58,14 @@ async def test_bidi_limit_waits_and_recovers(make_harness: object, transport: st
         while True:
             inc = await server.accept()
             assert inc.send is not None
-            await inc.send.write(await inc.recv.read_all(), end_stream=True)
+            await inc.send.write(await read_all(inc.recv), end_stream=True)
 
     echoer = asyncio.ensure_future(echo())
 
     async def one(i: int) -> bytes:
         s, r = await client.open_bi()
         await s.write(str(i).encode(), end_stream=True)
-        return await r.read_all()
+        return await read_all(r)
 
     assert await w(asyncio.gather(*(one(i) for i in range(50)))) == [
         str(i).encode() for i in range(50)]
@@ -108,5 +109,5 @@ async def test_keepalive_outlives_idle_timeout(make_harness: object,
         s = await w(client.open_uni())
         await w(s.write(b"still here", end_stream=True))
         inc = await w(server.accept())
-        assert await w(inc.recv.read_all()) == b"still here"
+        assert await w(read_all(inc.recv)) == b"still here"
     await w(client.aclose())

@@ -8,6 +8,7 @@ import os
 
 import pytest
 from conftest import SETTINGS, Harness, w
+from stream_helpers import read_all
 
 from relay.transport import (
     Connection,
@@ -27,11 +28,11 @@ async def _echo_bidi(opener: Connection, acceptor: Connection, payload: bytes) -
     inc = await w(acceptor.accept())
     assert inc.is_bidirectional and inc.send is not None
     assert inc.stream_id == send.stream_id
-    got = await w(inc.recv.read_all())
+    got = await w(read_all(inc.recv))
     assert got == payload
     await w(inc.send.write(got[::-1], end_stream=True))
-    assert await w(recv.read_all()) == payload[::-1]
-    assert recv.at_eof
+    assert await w(read_all(recv)) == payload[::-1]
+    assert await w(recv.read()) == b""  # and the FIN stays read
 
 
 async def test_bidi_echo_both_directions(pair: Pair) -> None:
@@ -49,7 +50,7 @@ async def test_uni_both_directions_and_fin(pair: Pair) -> None:
         await w(s.finish())
         inc = await w(dst.accept())
         assert not inc.is_bidirectional
-        assert await w(inc.recv.read_all()) == b"hello world"
+        assert await w(read_all(inc.recv)) == b"hello world"
         assert await w(inc.recv.read()) == b""  # FIN stays sticky
 
 
@@ -71,7 +72,7 @@ async def test_accept_is_lossless_and_ordered(pair: Pair) -> None:
         await w(s.write(bytes([i]) * (i + 1), end_stream=True))
     unis = [await w(server.accept()) for _ in range(5)]
     assert [u.stream_id for u in unis] == sorted(u.stream_id for u in unis)
-    assert [await w(u.recv.read_all()) for u in unis] == [bytes([i]) * (i + 1) for i in range(5)]
+    assert [await w(read_all(u.recv)) for u in unis] == [bytes([i]) * (i + 1) for i in range(5)]
 
 
 @pytest.mark.parametrize("code", [0x0, 0x1, 0x5, 0x12, 0x1E, 0xFFFFFFFF])
@@ -154,7 +155,7 @@ async def test_many_concurrent_streams(pair: Pair, request: pytest.FixtureReques
     async def serve_all() -> None:
         async def one() -> None:
             inc = await server.accept()
-            data = await inc.recv.read_all()
+            data = await read_all(inc.recv)
             if inc.send is not None:
                 await inc.send.write(data, end_stream=True)
             else:
@@ -169,7 +170,7 @@ async def test_many_concurrent_streams(pair: Pair, request: pytest.FixtureReques
         s, r = await client.open_bi()
         payload = os.urandom(500 + i)
         await s.write(payload, end_stream=True)
-        assert await r.read_all() == payload
+        assert await read_all(r) == payload
 
     await w(asyncio.gather(serve_all(), *(uni(i) for i in range(n)),
                            *(bidi(i) for i in range(n))), 20)  # about 1 s when it works
@@ -210,7 +211,7 @@ async def test_default_1200_byte_datagrams(make_harness: object, transport: str)
     s = await w(client.open_uni())
     await w(s.write(payload, end_stream=True))
     inc = await w(server.accept())
-    assert await w(inc.recv.read_all()) == payload
+    assert await w(read_all(inc.recv)) == payload
     await w(client.aclose())
 
 

@@ -37,6 +37,7 @@ class StreamTable:
 
     def __init__(self, port: EndpointPort, session_id: int | None) -> None:
         self._port = port
+        self._view = port.view  # one per QUIC connection, for good: kept for the hot paths
         self.loop = port.loop
         self.settings: QuicSettings = port.settings
         self.session_id = session_id
@@ -76,7 +77,7 @@ class StreamTable:
                 self._accept_waiter = self.loop.create_future()
             await asyncio.shield(self._accept_waiter)
         inc = self._incoming.popleft()
-        self._port.view.stream_accepted(inc.send is None)
+        self._view.stream_accepted(inc.send is None)
         self._port.transmit_soon()  # the stream credit it held may now be announced
         return inc
 
@@ -95,10 +96,10 @@ class StreamTable:
         self._port.send_stream_data(sid, data, fin)
 
     def unsent(self, sid: int) -> int:
-        return self._port.view.unsent(sid)
+        return self._view.unsent(sid)
 
     def connection_unsent(self) -> int:
-        return self._port.view.unsent_total()
+        return self._view.unsent_total()
 
     def _wire_code(self, code: int) -> int:
         return code if self.session_id is None else app_to_wt_error(code)
@@ -119,11 +120,11 @@ class StreamTable:
         """Account received bytes; True if they overflow the receive bound and the stream
         must be stopped (a backend whose credit does not follow reads, on a server; a client
         pauses its socket instead: docs/transport.md)."""
-        return self._port.view.buffered(sid, n) and not self._port.receive_overflow()
+        return self._view.buffered(sid, n) and not self._port.receive_overflow()
 
     def consumed(self, sid: int, n: int) -> None:
         port = self._port
-        if port.view.consumed(sid, n):
+        if self._view.consumed(sid, n):
             port.transmit_soon()
         port.receive_relieved()
 
@@ -153,7 +154,7 @@ class StreamTable:
             s = SendStream(self, sid)
             self.send_streams[sid] = s
         self._incoming.append(IncomingStream(r, s))
-        self._port.view.stream_arrived(uni)
+        self._view.stream_arrived(uni)
         w = self._accept_waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -173,7 +174,7 @@ class StreamTable:
         s = self.send_streams.get(sid)
         if s is not None:
             # QUIC answered with RESET_STREAM: the queued data will never be sent
-            self._port.view.forget_unsent(sid, reset_by_peer=True)
+            self._view.forget_unsent(sid, reset_by_peer=True)
             s.on_stop_sending(self._app_code(code))
             self.send_done(s)
 

@@ -252,7 +252,11 @@ async def _stop(procs: list[asyncio.subprocess.Process]) -> None:
 async def moqrs_fanout(nbytes_per_track: int, object_bytes: int, subscribers: int,
                        layers: int) -> dict[str, float]:
     """1 publisher -> moq-rs server -> N subscribers, all moq-rs clients.
-    Returns {"mbps_per_subscriber": ..., "median_latency_ms": ...}."""
+    Returns {"mbps_per_subscriber": ..., "median_latency_ms": ...,
+    "server_cpu_s_per_gb": ...}."""
+    # here, not at the top: this file also runs as a script (the server and subscribers)
+    from benchmarks._proc import cpu_per_gb, cpu_seconds
+
     _check_clock()
     frames = nbytes_per_track // layers // object_bytes
     if object_bytes < _HEADER.size or frames < 1 or subscribers < 1:
@@ -278,8 +282,10 @@ async def moqrs_fanout(nbytes_per_track: int, object_bytes: int, subscribers: in
                     raise RuntimeError("moq-rs subscriber not ready")
             await asyncio.wait_for(track.used(), TIMEOUT)
 
+            cpu0 = cpu_seconds(server.pid)
             t0 = await write_track(track, layers, frames, filler)
             results = [await _line(p, "subscriber") for p in subs]
+            cpu = cpu_seconds(server.pid) - cpu0
             track.finish()  # only now: finishing earlier drops in-flight groups (docstring)
         for n, r in enumerate(results):
             if r["errors"] or r["frames"] != total or r["bytes"] != total * object_bytes:
@@ -292,6 +298,7 @@ async def moqrs_fanout(nbytes_per_track: int, object_bytes: int, subscribers: in
         "mbps_per_subscriber": statistics.mean(nbytes / (r["last"] - t0) / 1e6
                                                for r in results),
         "median_latency_ms": statistics.median(x for r in results for x in r["latency_ms"]),
+        "server_cpu_s_per_gb": cpu_per_gb(cpu, nbytes * subscribers),
     }
 
 

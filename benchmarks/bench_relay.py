@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks._proc import cpu_per_gb, cpu_seconds
 from benchmarks._report import report
 from relay.moqt.codes import ObjectStatus
 from relay.moqt.primitives import FullTrackName
@@ -117,8 +118,10 @@ async def _subscriber(r: _RelayProcess, name: FullTrackName, total: int
 
 
 async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: int,
-                  backend: str, workers: int = 1) -> tuple[float, float]:
-    """(MB/s per subscriber, median per-Object latency ms) through one relay."""
+                  backend: str, workers: int = 1) -> tuple[float, float, float | str]:
+    """(MB/s per subscriber, median per-Object latency ms, the relay process's CPU seconds
+    per delivered GB) through one relay; the CPU only with one worker (the supervisor's
+    own figure would not count live workers)."""
     name = FullTrackName((b"kvcs-1", os.urandom(32), b"bench"), b"k.raw.s0")
     payload = bytearray(os.urandom(OBJECT))
     total = layers * blocks
@@ -130,7 +133,9 @@ async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: i
         if workers > 1:
             await _until_every_worker_knows(r, name)
         procs = [await _subscriber(r, name, total) for _ in range(subscribers)]
+        assert r.proc is not None
         try:
+            cpu0 = cpu_seconds(r.proc.pid)
             t0 = time.time()
             for g in range(layers):
                 w = await served.open_subgroup(g, 0, (128 * g) // layers)
@@ -145,6 +150,7 @@ async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: i
                     out = json.loads(await p.stdout.readline())
                     assert out["bytes"] == total * OBJECT, out
                     results.append(out)
+            cpu = cpu_seconds(r.proc.pid) - cpu0
         finally:
             for p in procs:
                 if p.returncode is None:
@@ -153,7 +159,8 @@ async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: i
         await pub.aclose()
     nbytes = total * OBJECT
     mbps = statistics.mean(nbytes / (o["end"] - t0) / 1e6 for o in results)
-    return mbps, statistics.median(o["latency_ms"] for o in results)
+    per_gb = round(cpu_per_gb(cpu, nbytes * subscribers), 2) if workers == 1 else ""
+    return mbps, statistics.median(o["latency_ms"] for o in results), per_gb
 
 
 async def _until_every_worker_knows(r: _RelayProcess, name: FullTrackName) -> None:
@@ -219,23 +226,23 @@ async def _run(sizes: list[int], layers: int, blocks: int, fanouts: list[int],
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for size in sizes:
-            res: dict[str, dict[str, tuple[float, Any]]] = {b: {} for b in BACKENDS}
+            res: dict[str, dict[str, tuple[float, Any, Any]]] = {b: {} for b in BACKENDS}
             for backend in BACKENDS:
                 tmp = Path(d) / f"{backend}-{size}"
                 for n in fanouts:
                     res[backend][f"relay 1->{n}"] = await fan_out(
                         tmp / f"fan{n}", size, layers, blocks, n, backend)
                 mem, lmdb = await fetch_tiers(tmp / "fetch", size, layers, blocks, backend)
-                res[backend]["FETCH memory"] = (mem, "")
-                res[backend]["FETCH lmdb"] = (lmdb, "")
+                res[backend]["FETCH memory"] = (mem, "", "")
+                res[backend]["FETCH lmdb"] = (lmdb, "", "")
                 n = max(fanouts)
                 if workers > 1:
                     res[backend][f"relay 1->{n}, {workers} workers"] = await fan_out(
                         tmp / "workers", size, layers, blocks, n, backend, workers)
             for case in res["aioquic"]:
-                (a, a_lat), (q, q_lat) = res["aioquic"][case], res["qh3"][case]
+                (a, a_lat, a_cpu), (q, q_lat, q_cpu) = res["aioquic"][case], res["qh3"][case]
                 rows.append([case, size, round(a, 1), round(q, 1), round(q / a, 2),
-                             _ms(a_lat), _ms(q_lat)])
+                             _ms(a_lat), _ms(q_lat), a_cpu, q_cpu])
     return rows
 
 
@@ -253,9 +260,16 @@ async def _moqrs_rows(layers: int, blocks: int, fanouts: list[int],
         r = await _moqrs.moqrs_fanout(layers * blocks * OBJECT, OBJECT, n, layers)
         ours = next((row[3] for row in qh3_rows if row[0] == f"relay 1->{n}"
                      and row[1] == 1200), None)
+        ours_cpu = next((row[8] for row in qh3_rows if row[0] == f"relay 1->{n}"
+                         and row[1] == 1200), "")
         rows.append([f"moq-rs server 1->{n}", "~1200", "", round(r["mbps_per_subscriber"], 1),
                      round(ours / r["mbps_per_subscriber"], 2) if ours else "",
-                     "", round(r["median_latency_ms"], 1)])
+                     "", round(r["median_latency_ms"], 1), "",
+                     round(r["server_cpu_s_per_gb"], 2)])
+        if ours_cpu != "" and r["server_cpu_s_per_gb"]:
+            rows.append([f"CPU/GB: our qh3 relay / moq-rs, 1->{n}", 1200, "", "",
+                         round(float(ours_cpu) / r["server_cpu_s_per_gb"], 2), "", "", "",
+                         ""])
     return rows
 
 
@@ -269,13 +283,17 @@ def main() -> None:
     if os.environ.get("BENCH_RELAY_MOQRS", "1") == "1":
         rows += asyncio.run(_moqrs_rows(layers, blocks, fanouts, rows))
     report("relay", ["case", "max_datagram_size", "aioquic_MB/s", "qh3_MB/s",
-                     "qh3/aioquic", "aioquic_latency_ms", "qh3_latency_ms"], rows,
+                     "qh3/aioquic", "aioquic_latency_ms", "qh3_latency_ms",
+                     "aioquic_cpu_s/GB", "qh3_cpu_s/GB"], rows,
            extra={"layers": layers, "blocks": blocks, "object_bytes": OBJECT,
                   "workers": workers,
                   "note": "MB/s per subscriber; relay and each subscriber in their own "
                           "process, publisher and FETCH client in the benchmark's; moq-rs "
                           "rows: qh3_MB/s column holds moq-rs's figure and qh3/aioquic "
-                          "holds our qh3 relay / moq-rs at 1200 bytes"})
+                          "holds our qh3 relay / moq-rs at 1200 bytes; cpu_s/GB: the relay "
+                          "process's (or moq-rs server's) utime + stime from /proc over the "
+                          "transfer, per GB delivered to all subscribers; the CPU/GB row's "
+                          "qh3/aioquic column is our qh3 relay's / moq-rs's"})
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ class QuicView(Protocol):
 
     @property
     def unread_total(self) -> int:
-        """Received bytes not yet read by the application, over all streams."""
+        """Received bytes not yet read by the application, over all streams: the receive
+        bound both backends must keep, observed by the transport tests on each."""
 
 
 class UnreadBytes:

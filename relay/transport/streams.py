@@ -117,7 +117,11 @@ class SendStream:
         self._port.send_done(self)
 
     async def wait_stopped(self) -> int:
-        """Wait for a STOP_SENDING from the peer and return its code."""
+        """Wait for a STOP_SENDING from the peer and return its code.
+
+        The relay itself learns a STOP_SENDING from :meth:`write` (StreamStopped); this and
+        :attr:`stop_code` are for a caller that watches a stream without writing to it, as
+        the transport, session and fuzz tests do to see what a peer did."""
         if self._stop_code is not None:
             return self._stop_code
         if self._stopped is None:

@@ -174,13 +174,7 @@ class Endpoint(asyncio.DatagramProtocol):
 
     def transmit_soon(self) -> None:
         if self._transmit_task is None:
-            self._transmit_task = self._loop.call_soon(self._transmit_next_turn)
-
-    def _transmit_next_turn(self) -> None:
-        # One more turn of the loop first: the tasks that this turn's writes woke (a
-        # request's answer is written by several: FETCH_OK, the Objects, the FINs) add
-        # their bytes to the same packets instead of a transmit and a datagram each.
-        self._transmit_task = self._loop.call_soon(self.transmit)
+            self._transmit_task = self._loop.call_soon(self.transmit)
 
     def next_transmit(self) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self._loop.create_future()

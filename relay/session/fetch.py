@@ -34,6 +34,8 @@ class FetchResponse(OutgoingTrackRequest, EventSource[FetchEvent]):
         self.end_of_track = False
         self.end_location: Location | None = None
         self._events = EventQueue(session.config.receive_queue)
+        # set once the first reply (FETCH_OK or REQUEST_ERROR) was read, or will never be
+        self.reply_read = asyncio.Event()
 
     def stream_opened(self) -> None:
         pass
@@ -55,7 +57,10 @@ class FetchResponse(OutgoingTrackRequest, EventSource[FetchEvent]):
         self.session.spawn(self._close_request(), "fetch-fin")
 
     async def _close_request(self) -> None:
-        """The response is complete: FIN the request stream and forget it (§7.10)."""
+        """The response is complete: FIN the request stream and forget it (§7.10). The
+        whole fetch stream can arrive before FETCH_OK (§10 item 4: reordering, loss, or a
+        peer's packets coalesced that way); releasing first would discard FETCH_OK unread."""
+        await self.reply_read.wait()
         await self.rs.finish()
         await self.rs.release()
 
@@ -82,7 +87,10 @@ async def start_fetch(session: SessionBase, namespace: TrackNamespace, name: byt
     rid = session.next_request_id()
     resp = FetchResponse(session, rs, rid, namespace, name, params)
     # data may come before FETCH_OK (§10 item 4)
-    reply: FetchOk = await send_routed(session, rs, Fetch(rid, namespace, name, params), resp)
+    try:
+        reply: FetchOk = await send_routed(session, rs, Fetch(rid, namespace, name, params), resp)
+    finally:
+        resp.reply_read.set()
     resp.end_of_track = reply.end_of_track
     resp.end_location = reply.end_location
     resp.track_properties = reply.track_properties

@@ -233,7 +233,8 @@ class RelayHandler(SessionHandler):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that prefix")
             return
         table = self.relay.namespaces
-        if any(prefixes_overlap(x.prefix, req.prefix) for x in table.listeners_of(session)):
+        if any(prefixes_overlap(x.prefix, req.prefix) and not x.over()
+               for x in table.listeners_of(session)):
             await req.reject(RequestErrorCode.PREFIX_OVERLAP, "overlaps an earlier prefix")
             return
         queue: asyncio.Queue[tuple[TrackNamespace, bool]] = asyncio.Queue()
@@ -247,7 +248,7 @@ class RelayHandler(SessionHandler):
         listener = NamespaceListener(
             req.prefix, lambda ns, active: queue.put_nowait((ns, active)),
             lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens) and
-            (not text_only or _is_text(ns)), session, shows)
+            (not text_only or _is_text(ns)), session, shows, over=req.cancelled.is_set)
         await req.accept()
         for ns in table.add_listener(listener):
             queue.put_nowait((ns, True))

@@ -55,11 +55,6 @@ def scope_prefix(scope_id: bytes) -> Namespace:
     return (NAMESPACE_TAG, _check("scope_id", scope_id, 32))
 
 
-def model_prefix(scope_id: bytes, compat_id: bytes) -> Namespace:
-    """("kvcs-1", scope_id, compat_id): all publications of a scope for one model."""
-    return (NAMESPACE_TAG, _check("scope_id", scope_id, 32), _check("compat_id", compat_id, 32))
-
-
 def content_prefix(scope_id: bytes, compat_id: bytes, anchor_key: bytes) -> Namespace:
     """("kvcs-1", scope_id, compat_id, anchor_key): all publications of one token prefix."""
     return (NAMESPACE_TAG, _check("scope_id", scope_id, 32),

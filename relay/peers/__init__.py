@@ -8,7 +8,7 @@ Modules, one concept each:
 - ``connect``     dialling a relay with a bound
 - ``publisher``   pushing a PublicationPlan with PUBLISH_NAMESPACE + PUBLISH, confirmation
 - ``serving``     the publisher answering FETCH / SUBSCRIBE for what it wrote (15.1 step 6)
-- ``discovery``   SUBSCRIBE_NAMESPACE over the consumer's Anchor Keys, or model-wide (5.1)
+- ``discovery``   SUBSCRIBE_NAMESPACE over the consumer's Anchor Keys, longest first, in waves (5.1)
 - ``verification`` manifests (3.6, COSE) and Objects (3.5) as they arrive; a forgetful
                   reassembler for late digest mismatches
 - ``state``       what one retrieval holds: targets per segment, per-layer statistics

@@ -64,6 +64,24 @@ async def test_subscribe_namespace_sees_present_and_later_publications(tmp_path:
         await r.close()
 
 
+async def test_a_prefix_asked_again_right_after_its_cancel_is_answered(tmp_path: Path) -> None:
+    """A consumer that runs discovery twice on one session withdraws its requests and sends
+    the same prefixes at once: the cancel reached the relay first, so no PREFIX_OVERLAP."""
+    r = await relay_at(tmp_path)
+    try:
+        ns = make_ns()
+        pub = await client(r)
+        await asyncio.wait_for(pub.publish_namespace(ns), TIMEOUT)
+        consumer = await client(r)
+        for _ in range(5):
+            sub = await asyncio.wait_for(consumer.subscribe_namespace(ns[:4]), TIMEOUT)
+            ev = await asyncio.wait_for(anext(aiter(sub)), TIMEOUT)
+            assert ev.active and ev.namespace == ns
+            sub.cancel()
+    finally:
+        await r.close()
+
+
 async def test_publisher_to_relay_a_to_relay_b_to_three_subscribers(tmp_path: Path) -> None:
     a = await relay_at(tmp_path / "a")
     b = await relay_at(tmp_path / "b", upstream=[a.url])
@@ -193,11 +211,11 @@ async def test_a_cancelled_namespace_subscription_leaves_nothing_behind(tmp_path
         before = len(_pending_namespace_waits())
         for _ in range(3):
             nsub = await asyncio.wait_for(s.subscribe_namespace((b"kvcs-1",)), TIMEOUT)
-            assert len(table._listeners) == 1
+            assert table.listener_count() == 1
             nsub.cancel()
             # the relay drops the listener and the wait it had pending for it
             async with asyncio.timeout(TIMEOUT):
-                while table._listeners or len(_pending_namespace_waits()) > before:
+                while table.listener_count() or len(_pending_namespace_waits()) > before:
                     await asyncio.sleep(0)
         # and still answers a new one from the same session (no PREFIX_OVERLAP)
         await asyncio.wait_for(s.subscribe_namespace((b"kvcs-1",)), TIMEOUT)

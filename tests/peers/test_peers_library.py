@@ -127,7 +127,7 @@ async def test_live_subscribers_before_during_after_get_everything_once(relay: A
     # joins before production: its discovery waits for the NAMESPACE
     early = asyncio.ensure_future(retrieve(_opts((relay,), c, mode="live",
                                                  discovery_window=TIMEOUT)))
-    await _until(lambda: len(relay.relay.namespaces._listeners) >= 5)  # its 5 prefixes
+    await _until(lambda: relay.relay.namespaces.listener_count() >= 5)  # its 5 prefixes
     pub = asyncio.ensure_future(publish_plan(p, access(relay),
                                              PublishOptions(on_layer=on_layer, hold=hold)))
     async with asyncio.timeout(TIMEOUT):

@@ -221,20 +221,28 @@ class Routing:
         one request (§14.7, coalescing). ``reach``: see :meth:`ensure_upstream`."""
         key = (track.full_name, start, end, reach)
         pending = self._fetches.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._fetches[key] = fut
-        ok = False
-        try:
-            ok = await self._do_fetch(track, start, end, reach)
-        finally:
-            del self._fetches[key]
-            fut.set_result(ok)
+        if pending is None:
+            fut: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
+            self._fetches[key] = fut
+            ok: bool | None = False
+            try:
+                ok = await self._do_fetch(track, start, end, reach)
+            finally:
+                del self._fetches[key]
+                fut.set_result(ok)
+        else:
+            ok = await asyncio.shield(pending)
+        if ok is None:
+            # a source took the FETCH and failed (its fetch stream reset, its session gone):
+            # what lies there is unknown, as if unanswered in time (TIMEOUT, not absent)
+            raise TimeoutError("every source that took the upstream FETCH failed")
         return ok
 
     async def _do_fetch(self, track: RelayTrack, start: Location, end: Location,
-                        reach: Reach = Reach.ALL) -> bool:
+                        reach: Reach = Reach.ALL) -> bool | None:
+        """True: a source answered the range; False: none has it (refused, or no source);
+        None: a source failed while answering and none answered."""
+        failed = False
         sources = await self._all_sources(track, reach)
         # Open-ended and whole-Group ends use the filters made for them (some peers reject
         # an explicit End Object of 2^64-1).
@@ -281,8 +289,10 @@ class Routing:
             except (RequestRejected, StreamAborted, SessionFailure, TransportError) as e:
                 if isinstance(e, RequestRejected):
                     self.learned(track, e)
+                else:
+                    failed = True
                 log.info("upstream FETCH for %r failed: %s", track, e)
-        return False
+        return None if failed else False
 
     async def track_status_upstream(self, track: RelayTrack, reach: Reach = Reach.ALL
                                     ) -> RequestRejected | None:

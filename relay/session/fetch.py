@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from relay.moqt.codes import GroupOrder, MessageType, StreamResetCode
@@ -12,7 +13,7 @@ from relay.moqt.kvp import Properties
 from relay.moqt.messages import Fetch, FetchOk, RequestOk, RequestUpdate
 from relay.moqt.params import Params
 from relay.moqt.primitives import Location, TrackNamespace
-from relay.transport import StreamReset
+from relay.transport import StreamReset, TransportError
 
 from .errors import SessionClosed, StreamAborted
 from .event_queue import END, EventQueue, EventSource
@@ -23,6 +24,11 @@ from .writers import FetchWriter, _StreamWriter
 
 if TYPE_CHECKING:
     from .base import SessionBase
+
+# How long a FETCH whose request stream the responder FINed, while no fetch stream of it has
+# arrived, waits for that stream: it was finished before the FIN, so it is late (reordered,
+# or lost and sent again), unless it was reset before its header could name the request.
+FETCH_STREAM_GRACE = 1.0
 
 
 class FetchResponse(OutgoingTrackRequest, EventSource[FetchEvent]):
@@ -36,9 +42,45 @@ class FetchResponse(OutgoingTrackRequest, EventSource[FetchEvent]):
         self._events = EventQueue(session.config.receive_queue)
         # set once the first reply (FETCH_OK or REQUEST_ERROR) was read, or will never be
         self.reply_read = asyncio.Event()
+        self._stream_seen = asyncio.Event()  # a fetch stream of ours arrived (its header)
+        self._watcher: asyncio.Task[None] | None = None
 
     def stream_opened(self) -> None:
-        pass
+        self._stream_seen.set()
+
+    def watch_request(self) -> None:
+        """After FETCH_OK: notice the responder ending the request without a fetch stream we
+        could ever see (one reset before its header names no request, §18 rule 3)."""
+        self._watcher = self.session.spawn(self._watch_request(), "fetch-request-watch")
+
+    async def _watch_request(self) -> None:
+        try:
+            while (await self.rs.recv()) is not None:
+                pass  # nothing else is sent on a FETCH's request stream to us
+            code = None
+        except StreamReset as e:
+            code = e.code
+        except TransportError:
+            return  # the session's end reaches us through session_closed
+        if self.ended or self._stream_seen.is_set():
+            return  # the fetch stream's own end decides
+        if code is None:
+            # a FIN: the responder finished its fetch stream first, so that stream is only
+            # late (reordered, lost and resent); a stream reset before its header never comes
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stream_seen.wait(), FETCH_STREAM_GRACE)
+            if self._stream_seen.is_set():
+                return
+        self._watcher = None  # ends here: nothing to cancel
+        self._end(StreamAborted(code if code is not None else StreamResetCode.CANCELLED))
+
+    def _end(self, end: Any) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.session.unbind_request(self.request_id)
+        self._events.put_nowait_end(end)
+        self.session.spawn(self._close_request(), "fetch-fin")
 
     def stream_closed(self) -> None:
         pass
@@ -49,18 +91,14 @@ class FetchResponse(OutgoingTrackRequest, EventSource[FetchEvent]):
 
     async def fetch_stream_ended(self, info: StreamInfo, fin: bool, reset_code: int | None
                                  ) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        self.session.unbind_request(self.request_id)
-        self._events.put_nowait_end(END if fin else StreamAborted(reset_code or 0))
-        self.session.spawn(self._close_request(), "fetch-fin")
+        self._end(END if fin else StreamAborted(reset_code or 0))
 
     async def _close_request(self) -> None:
         """The response is complete: FIN the request stream and forget it (§7.10). The
         whole fetch stream can arrive before FETCH_OK (§10 item 4: reordering, loss, or a
         peer's packets coalesced that way); releasing first would discard FETCH_OK unread."""
         await self.reply_read.wait()
+        self._stop_watching()
         await self.rs.finish()
         await self.rs.release()
 
@@ -71,11 +109,18 @@ class FetchResponse(OutgoingTrackRequest, EventSource[FetchEvent]):
 
     def cancel(self, code: int = StreamResetCode.CANCELLED) -> None:
         """STOP_SENDING the request stream (§10 item 9); late data is dropped."""
+        self._stop_watching()
         self.rs.cancel(code)
         if not self.ended:
             self.ended = True
             self._events.put_nowait_end(discard=True)
         self.session.unbind_request(self.request_id)
+
+    def _stop_watching(self) -> None:
+        # the request stream has one reader at a time: ours stops before it is released
+        if self._watcher is not None and self._watcher is not asyncio.current_task():
+            self._watcher.cancel()
+        self._watcher = None
 
     async def collect(self) -> list[FetchEvent]:
         return [e async for e in self]
@@ -94,6 +139,8 @@ async def start_fetch(session: SessionBase, namespace: TrackNamespace, name: byt
     resp.end_of_track = reply.end_of_track
     resp.end_location = reply.end_location
     resp.track_properties = reply.track_properties
+    if not resp.ended:
+        resp.watch_request()
     return resp
 
 
@@ -124,7 +171,12 @@ class IncomingFetch(IncomingTrackRequest):
         return w
 
     def _writer_closed(self, w: _StreamWriter) -> None:
-        # §5.2: the responder FINs the request stream once the fetch stream is finished.
+        # §5.2: the responder FINs the request stream once the fetch stream is finished. A
+        # reset fetch stream resets the request stream too: the stream may have gone before
+        # its header named the request, and the requester must not wait for it.
+        if w.reset_code is not None:
+            self.rs.cancel(w.reset_code)
+            return
         self.session.spawn(self.rs.finish(), "fetch-request-fin")
 
     async def _watch(self) -> None:

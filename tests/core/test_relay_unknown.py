@@ -11,6 +11,7 @@ import pytest
 from relay_helpers import (
     TIMEOUT,
     client,
+    fetch_objects,
     group_payloads,
     live_params,
     make_ns,
@@ -31,6 +32,7 @@ from relay.session import (
     MoqtSession,
     RangeMarker,
     ReceivedObject,
+    RequestRejected,
     SessionHandler,
     Source,
     StreamEnded,
@@ -289,4 +291,48 @@ async def test_a_fetchs_fill_timeout_is_one_budget_before_and_after_fetch_ok(
         assert budget * 0.9 <= elapsed < budget * 1.5, elapsed
     finally:
         up.never.set()
+        await r.close()
+
+
+class _ResettingFetchPublisher(SessionHandler):
+    """Answers FETCH (FETCH_OK) and resets its fetch stream at once; the next FETCH it
+    answers whole."""
+
+    def __init__(self, payloads: list[bytes]) -> None:
+        self.payloads = payloads
+        self.fetches = 0
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        self.fetches += 1
+        w = await req.accept(False, Location(0, len(self.payloads) - 1))
+        for i, p in enumerate(self.payloads):
+            await w.write_object(0, 0, i, 7, p)
+            if self.fetches == 1:
+                w.reset()
+                return
+        await w.finish()
+
+
+async def test_a_source_that_resets_its_fetch_stream_is_a_failure_told_at_once(
+        tmp_path: Path) -> None:
+    """A publisher takes the relay's FETCH and resets the stream before it named the
+    request. The relay does not wait out the consumer's FILL_TIMEOUT (60 s here, more than
+    the test's bound) for a stream that cannot come, nor call the Track absent: it answers
+    TIMEOUT (unknown) now, and the consumer's next FETCH is served."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    payloads = group_payloads(0, 3, size=1000)
+    up = _ResettingFetchPublisher(payloads)
+    try:
+        pub = await client(r, handler=up)
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        c = await client(r)
+        with pytest.raises(RequestRejected) as refused:
+            await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                fill_timeout=60_000)), TIMEOUT)
+        assert refused.value.code == RequestErrorCode.TIMEOUT
+        _resp, got = await fetch_objects(c, name)
+        assert got == {Location(0, i): p for i, p in enumerate(payloads)}
+        assert up.fetches == 2
+    finally:
         await r.close()

@@ -1,7 +1,8 @@
-"""A FETCH whose whole fetch stream arrives before FETCH_OK (§10 item 4: data may come before
-the reply). Seen when a qh3 relay's transmits coalesced differently: the requester released
-the request stream when the fetch stream ended and then read no FETCH_OK ("FETCH
-cancelled")."""
+"""A FETCH whose streams arrive out of the usual order. The whole fetch stream before FETCH_OK
+(§10 item 4: data may come before the reply; seen when a qh3 relay's transmits coalesced
+differently: the requester released the request stream when the fetch stream ended and then
+read no FETCH_OK, "FETCH cancelled"). A fetch stream that never arrives: reset before its
+header named the request, or never opened (the requester waited to its deadline)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import relay.session.fetch as fetch_module
 from relay.moqt.messages import FetchOk
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
-from relay.session import IncomingFetch
+from relay.session import IncomingFetch, RequestCancelled, StreamAborted
 from relay.session.writers import FetchWriter
 from relay.transport import ensure_self_signed
 
@@ -69,3 +70,39 @@ async def test_a_fetch_stream_that_ends_before_fetch_ok_still_reads_fetch_ok(
         got = await asyncio.wait_for(resp.collect(), TIMEOUT)
         assert [bytes(e.payload) for e in got] == payloads
         assert data_seen.is_set()
+
+
+class ResetAtOnce(TrackPublisher):
+    """Takes the FETCH (FETCH_OK), then resets its fetch stream before anything of it was
+    sent: the stream never names the request at the requester (§18 rule 3)."""
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        w = await req.accept(False, self.objects[-1].location)
+        await w.write_object(0, 0, 0, self.priority, self.objects[0].payload)
+        w.reset()
+
+
+class FinWithoutStream(TrackPublisher):
+    """FETCH_OK and a FIN on the request stream, and no fetch stream at all."""
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        req._answer()
+        await req.rs.send(FetchOk(False, self.objects[-1].location, Params(), ()))
+        await req.rs.finish()
+
+
+@pytest.mark.parametrize("responder", [ResetAtOnce, FinWithoutStream])
+async def test_a_fetch_whose_stream_never_arrives_ends_instead_of_waiting(
+        certs: Path, monkeypatch: pytest.MonkeyPatch, responder: type[TrackPublisher]) -> None:
+    # a short grace keeps the FIN case quick; the reset case never waits for it
+    monkeypatch.setattr(fetch_module, "FETCH_STREAM_GRACE", 0.2)
+    publisher = responder(TRACK)
+    publisher.objects.append(Obj(0, 0, os.urandom(3000)))
+    async with served_by(publisher, certs) as client:
+        for _ in range(2):  # and the session goes on serving the next FETCH
+            # the FETCH fails, either way, instead of waiting for a stream that cannot come:
+            # a reset request stream may also have taken FETCH_OK with it (RequestCancelled)
+            with pytest.raises(StreamAborted if responder is FinWithoutStream else
+                               (StreamAborted, RequestCancelled)):
+                resp = await asyncio.wait_for(client.fetch(NS, TRACK.name), TIMEOUT)
+                await asyncio.wait_for(resp.collect(), TIMEOUT)

@@ -80,7 +80,8 @@ def worker_sockets(host: str, port: int, n: int) -> list[socket.socket]:
     socks: list[socket.socket] = []
     try:
         for _ in range(n):
-            s = make_socket(host, port, reuse_port=True)
+            # each worker sizes its buffers for its QUIC backend (relay/transport/server.py)
+            s = make_socket(host, port, reuse_port=True, large_buffers=False)
             socks.append(s)
             port = s.getsockname()[1]
     except BaseException:

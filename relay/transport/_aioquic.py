@@ -275,4 +275,5 @@ BACKEND = aioquic_shaped(
     poll_datagrams=_poll_datagrams, closed_error=_NeverRaised,
     trust=lambda config, ca_file: config.load_verify_locations(cafile=ca_file),
     configuration_extra=lambda s: {"congestion_control_algorithm": s.congestion_control},
+    credit_on_read=True,
 )

@@ -164,4 +164,5 @@ BACKEND = aioquic_shaped(
     receive_many=lambda quic, datagrams, addr, now: quic.receive_many_datagrams(
         datagrams, addr, now=now),
     poll_datagrams=_poll_datagrams, closed_error=QuicConnectionError, trust=_trust,
+    credit_on_read=False,
 )

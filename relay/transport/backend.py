@@ -149,6 +149,13 @@ class QuicBackend:
     already closing; the endpoint then stops asking."""
     trust: Callable[[Any, str], None]
     """(client configuration, CA file) -> verify the server against that file."""
+    credit_on_read: bool
+    """Receive credit is granted only as the application reads (aioquic here): a peer can
+    never run further ahead of a slow reader than its windows, so a server socket may hold
+    a long round trip's burst (burst.UDP_BUFFER_BYTES). Without it (qh3), a server's only
+    brake on a sender that outruns the relay is the kernel dropping what its default-sized
+    buffer cannot hold; with 4 MiB, a qh3 relay's unread bytes outgrew the windows and it
+    stopped a fast publisher's streams (EXCESSIVE_LOAD)."""
 
 
 def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any,
@@ -158,6 +165,7 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
                    poll_datagrams: Callable[[Any, float],
                                             tuple[list[tuple[bytes, Any]], Exception | None]],
                    closed_error: type[Exception], trust: Callable[[Any, str], None],
+                   credit_on_read: bool,
                    configuration_extra: Callable[[Any], dict[str, Any]] = lambda s: {}
                    ) -> QuicBackend:
     """A backend for a library with aioquic's shape (both of ours): what they share is
@@ -189,6 +197,7 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
         poll_datagrams=poll_datagrams,
         closed_error=closed_error,
         trust=trust,
+        credit_on_read=credit_on_read,
     )
 
 

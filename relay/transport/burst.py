@@ -51,10 +51,12 @@ class _Burst:
 BURST = _Burst()
 
 
-def make_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A non-blocking UDP socket bound to ``host:port`` (IPv4 or IPv6 by the address) with
-    UDP_BUFFER_BYTES of buffer each way; ``reuse_port`` shares the port with other sockets
-    that set it (SO_REUSEPORT)."""
+def make_socket(host: str, port: int, *, large_buffers: bool,
+                reuse_port: bool = False) -> socket.socket:
+    """A non-blocking UDP socket bound to ``host:port`` (IPv4 or IPv6 by the address), with
+    UDP_BUFFER_BYTES of buffer each way if ``large_buffers`` (else the kernel's default:
+    see ``QuicBackend.credit_on_read`` for which server sockets may not have more);
+    ``reuse_port`` shares the port with other sockets that set it (SO_REUSEPORT)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -63,7 +65,8 @@ def make_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.soc
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         if reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        size_buffers(sock)
+        if large_buffers:
+            size_buffers(sock)
         sock.bind(addr)
         sock.setblocking(False)
     except BaseException:

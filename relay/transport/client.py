@@ -68,7 +68,9 @@ async def connect(url: str, *, settings: QuicSettings | None = None,
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     family, addr = infos[0][0], infos[0][4]
     quic = backend.connection(config)
-    sock = make_socket("::" if family == socket.AF_INET6 else "0.0.0.0", 0)
+    # a client's own socket: it pauses reading when its application falls behind (qh3),
+    # so a large buffer only absorbs a long round trip's bursts
+    sock = make_socket("::" if family == socket.AF_INET6 else "0.0.0.0", 0, large_buffers=True)
     _, ep = await loop.create_datagram_endpoint(
         lambda: Endpoint(quic, backend=backend, settings=settings, path=path,
                          authority=authority), sock=sock)

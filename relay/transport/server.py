@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .backend import QuicBackend, default_backend, get_backend
-from .burst import install, make_socket
+from .burst import install, make_socket, size_buffers
 from .config import H3_ALPN, MOQT_ALPN, QuicSettings
 from .connection import Connection
 from .endpoint import Endpoint
@@ -156,9 +156,12 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     server = Server(handler, settings, wt_path, backend)
     loop = asyncio.get_running_loop()
     if sock is None:
-        sock = make_socket(host, port, reuse_port=reuse_port)
-    else:
+        sock = make_socket(host, port, reuse_port=reuse_port,
+                           large_buffers=backend.credit_on_read)
+    else:  # a worker's, made by its supervisor with the kernel's default buffers
         sock.setblocking(False)
+        if backend.credit_on_read:
+            size_buffers(sock)
     transport, udp = await loop.create_datagram_endpoint(
         lambda: backend.server(config, server._create_protocol), sock=sock)
     install(loop, sock, udp, route=functools.partial(backend.route, udp))

@@ -10,6 +10,7 @@ from typing import Any
 
 from conftest import Harness, w
 
+from relay.transport import QuicSettings, serve
 from relay.transport.burst import UDP_BUFFER_BYTES, install, make_socket
 from relay.transport.gso import DatagramSender, gso_supported
 from relay.workers import worker_sockets
@@ -29,14 +30,14 @@ class _Collect(asyncio.DatagramProtocol):
 
 async def test_gso_runs_and_gro_reads_deliver_every_datagram_in_order() -> None:
     loop = asyncio.get_running_loop()
-    rsock = make_socket("127.0.0.1", 0)
+    rsock = make_socket("127.0.0.1", 0, large_buffers=True)
     # runs of equal sizes, a shorter last one, a larger one breaking a run, one alone
     sizes = [1200] * 40 + [700] + [1200] * 70 + [1400] * 3 + [90]
     datagrams = [os.urandom(n) for n in sizes]
     rtransport, collect = await loop.create_datagram_endpoint(
         lambda: _Collect(len(datagrams)), sock=rsock)
     install(loop, rsock, collect)
-    ssock = make_socket("127.0.0.1", 0)
+    ssock = make_socket("127.0.0.1", 0, large_buffers=True)
     stransport, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol, sock=ssock)
     try:
         assert gso_supported(ssock)  # Linux loopback: the batched path is the one tested
@@ -51,29 +52,51 @@ async def test_gso_runs_and_gro_reads_deliver_every_datagram_in_order() -> None:
         rtransport.close()
 
 
-async def test_quic_sockets_ask_for_large_buffers(harness: Harness) -> None:
-    """Every QUIC socket (a client connection's, a relay's listener, its workers') has more
-    than the kernel's default buffers: a burst of a long round trip's window would overflow
-    the default and read to QUIC as congestion (relay/transport/burst.py)."""
+def _buffers(sock: socket.socket) -> list[int]:
+    return [sock.getsockopt(socket.SOL_SOCKET, o) for o in (socket.SO_RCVBUF, socket.SO_SNDBUF)]
+
+
+async def test_quic_sockets_ask_for_large_buffers_where_a_reader_holds_credit(
+        harness: Harness) -> None:
+    """A client connection's socket, and a relay's listener and worker sockets on aioquic,
+    have more than the kernel's default buffers: a burst of a long round trip's window would
+    overflow the default and read to QUIC as congestion (relay/transport/burst.py). A qh3
+    relay's keep the default: qh3 grants receive credit before the relay reads, and with
+    4 MiB a fast publisher outran the relay until it stopped the publisher's streams
+    (``QuicBackend.credit_on_read``)."""
     plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    default = [plain.getsockopt(socket.SOL_SOCKET, o) for o in (socket.SO_RCVBUF,
-                                                                 socket.SO_SNDBUF)]
+    default = _buffers(plain)
     plain.close()
     client, _ = await harness.pair("quic")
+    workers = worker_sockets("127.0.0.1", 0, 2)  # `kvcs relay --workers 2`'s, as made
+    served = []
     try:
-        socks = [client._port._sender._sock, harness.server._sock]  # type: ignore[union-attr]
-        socks += worker_sockets("127.0.0.1", 0, 2)  # `kvcs relay --workers 2`'s
-        for sock in socks:
+        assert all(_buffers(s) == default for s in workers)  # sized by each worker's server
+        backend = harness.server.backend
+        # qh3 hands credit out before the relay reads: its server sockets must stay small
+        # (a 1 -> 1 qh3 relay benchmark failed with EXCESSIVE_LOAD with 4 MiB there)
+        assert backend.credit_on_read is {"aioquic": True, "qh3": False}[backend.name]
+        for sock in workers:
+            served.append(await serve("127.0.0.1", 0, harness.certs.certfile,
+                                      harness.certs.keyfile, lambda conn: conn.aclose(),
+                                      settings=QuicSettings(backend=backend.name), sock=sock))
+        large = [client._port._sender._sock]  # type: ignore[union-attr]
+        server_socks = [harness.server._sock, *workers]
+        (large if backend.credit_on_read else []).extend(server_socks)
+        for sock in large:
             assert sock is not None
-            got = [sock.getsockopt(socket.SOL_SOCKET, o) for o in (socket.SO_RCVBUF,
-                                                                   socket.SO_SNDBUF)]
+            got = _buffers(sock)
             # root (CI) forces the size past net.core.[rw]mem_max; Linux reports it doubled
             assert all(g > d for g, d in zip(got, default, strict=True)), (got, default)
             if os.geteuid() == 0:
                 assert got == [2 * UDP_BUFFER_BYTES] * 2
-        for sock in socks[2:]:
-            sock.close()
+        if not backend.credit_on_read:
+            assert all(_buffers(s) == default for s in server_socks)
     finally:
+        for srv in served:
+            await w(srv.close(grace=0))
+        for sock in workers:
+            sock.close()
         await w(client.aclose())
 
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from import_rules import loaded_after
+
 ROOT = Path(__file__).resolve().parents[1]
 IO_MODULES = {"asyncio", "socket", "selectors", "ssl", "threading", "time"}
 
@@ -102,3 +104,18 @@ def test_the_reference_peers_never_import_the_relay_core() -> None:
                  for name in _imports(path, _module(path))
                  if name.startswith(("relay.core", "relay.service", "relay.workers"))]
     assert offenders == []
+
+
+def _project_imports(path: Path) -> set[str]:
+    return {n for n in _imports(path, _module(path)) if n.split(".")[0] in ("relay", "storage")}
+
+
+def test_the_settings_are_a_leaf_and_the_configuration_reads_only_them() -> None:
+    """relay/options.py (the settings, defined once) imports nothing of the project, so any
+    layer may read it; relay/config.py (keys, parsing, precedence) builds on it and on the
+    session's token files, never on the relay it configures (relay.core, relay.service), not
+    even through what it imports."""
+    assert _project_imports(ROOT / "relay" / "options.py") == set()
+    assert {n for n in _project_imports(ROOT / "relay" / "config.py")
+            if n.startswith(("relay.core", "relay.service", "relay.workers"))} == set()
+    assert loaded_after("import relay.config", ("relay.core", "relay.service")) == ""

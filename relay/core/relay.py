@@ -18,11 +18,12 @@ from relay.moqt.primitives import (
 )
 from relay.options import RelayOptions
 from relay.session import (
+    Connection,
+    LinkError,
     MoqtSession,
     SessionConfig,
 )
 from relay.session.errors import SessionFailure
-from relay.transport import Connection, TransportError
 from storage.tiered import TieredStore
 
 from .announce import UpwardAnnouncer
@@ -108,7 +109,7 @@ class Relay:
         handler = RelayHandler(self, reach=Reach.NO_SIBLINGS if sibling else Reach.ALL)
         try:
             session = await MoqtSession.start(conn, self.session_config, handler)
-        except (SessionFailure, TransportError) as e:
+        except (SessionFailure, LinkError) as e:
             log.info("session setup failed: %s", e)
             return
         handler.attach(session)

@@ -146,48 +146,15 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
 
 
 @dataclass(frozen=True)
-class Key:
-    """One configuration key (a field of relay/options.py) as the loader sees it."""
+class Key(KeyField):
+    """One configuration key (a field of relay/options.py) and the parser of its values."""
 
-    spec: KeyField
     parse: Callable[[Any], Any]
 
     @classmethod
     def of(cls, kf: KeyField) -> Key:
         kind, choices = kf.meta["kind"], kf.meta["choices"]
-        return cls(kf, _choice(*choices) if kind == "choice" else _PARSERS[kind])
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def flag(self) -> str:
-        return self.spec.flag
-
-    @property
-    def env(self) -> str:
-        return self.spec.env
-
-    @property
-    def default(self) -> Any:
-        return self.spec.default
-
-    @property
-    def text_default(self) -> str:
-        return self.spec.text_default
-
-    @property
-    def help(self) -> str:
-        return str(self.spec.meta["help"])
-
-    @property
-    def multiple(self) -> bool:  # a repeatable flag (lists)
-        return self.spec.meta["kind"] == "str_list"
-
-    @property
-    def is_flag(self) -> bool:  # a boolean switch on the command line
-        return self.spec.meta["kind"] == "bool"
+        return cls(kf.owner, kf.field, _choice(*choices) if kind == "choice" else _PARSERS[kind])
 
 
 KEYS: tuple[Key, ...] = tuple(Key.of(kf) for kf in key_fields())
@@ -221,8 +188,8 @@ class Settings:
         v = self.values
 
         def own(owner: type) -> dict[str, Any]:
-            return {k.spec.field.name: _copy(v[k.name]) for k in KEYS
-                    if k.spec.owner is owner
+            return {k.field.name: _copy(v[k.name]) for k in KEYS
+                    if k.owner is owner
                     or (owner is RelayConfig and k.name in PASSED_ON)}
 
         cfg = RelayConfig(**own(RelayConfig), options=RelayOptions(**own(RelayOptions)))

@@ -268,6 +268,18 @@ class KeyField:
             return str(self.meta["text"])
         return _text(self.default)
 
+    @property
+    def help(self) -> str:
+        return str(self.meta["help"])
+
+    @property
+    def multiple(self) -> bool:  # a repeatable flag (lists)
+        return self.meta["kind"] == "str_list"
+
+    @property
+    def is_flag(self) -> bool:  # a boolean switch on the command line
+        return self.meta["kind"] == "bool"
+
 
 def _text(v: Any) -> str:
     if v is None or v == []:
@@ -293,7 +305,7 @@ def settings_table() -> str:
     lines = ["| Key | Flag | Environment | Default | Unit | Meaning |",
              "|-----|------|-------------|---------|------|---------|"]
     for k in key_fields():
-        meaning = k.meta["help"] + (f" See {k.meta['see']}." if k.meta["see"] else "")
+        meaning = k.help + (f" See {k.meta['see']}." if k.meta["see"] else "")
         lines.append(f"| `{k.name}` | `{k.flag}` | `{k.env}` | `{k.text_default or 'unset'}` "
                      f"| {k.meta['unit'] or '—'} | {meaning} |")
     return "\n".join(lines) + "\n"

@@ -131,8 +131,8 @@ def test_every_setting_of_the_relay_has_a_key_and_the_keys_set_it() -> None:
                     "options.session", "options.in_flight_wait"}  # protocol tuning
     fields = {f.name for f in dataclasses.fields(RelayConfig)} | \
         {f"options.{f.name}" for f in dataclasses.fields(RelayOptions)}
-    keyed = {("options." if k.spec.owner is RelayOptions else "") + k.spec.field.name
-             for k in KEYS if k.spec.owner is not LaunchOptions}
+    keyed = {("options." if k.owner is RelayOptions else "") + k.field.name
+             for k in KEYS if k.owner is not LaunchOptions}
     assert fields - not_settings == keyed
     assert set(PASSED_ON) <= {f.name for f in dataclasses.fields(LaunchOptions)}
     cfg = load({"send_buffer_bytes": "4096", "wt_path": "/kv", "fill_timeout": "2.5",

@@ -51,7 +51,9 @@ def _config_options(f: Callable[..., Any]) -> Callable[..., Any]:
     precedence over env and file decided) by relay.config, so every source is validated
     the same way. Defaults are None: "not given on the command line"."""
     for key in reversed(KEYS):
-        help_text = f"{key.help} [env {key.env}; default {key.text_default or 'unset'}]"
+        # the help is also the docs table's Markdown: code spans read as plain text here
+        help_text = (f"{key.help.replace('`', '')} "
+                     f"[env {key.env}; default {key.text_default or 'unset'}]")
         if key.is_flag:
             f = click.option(key.flag, key.name, is_flag=True, default=None,
                              help=help_text)(f)

@@ -1,8 +1,10 @@
-"""The relay's configuration: one table of keys, each with a CLI flag, a ``KVCS_RELAY_*``
-environment twin and a TOML key, resolved flag > env > file > default.
+"""The relay's configuration: keys, each with a CLI flag, a ``KVCS_RELAY_*`` environment twin
+and a TOML key, resolved flag > env > file > default.
 
-The table is the single source: cli.py builds its options from it, ``--print-config`` walks it
-and docs/configuration.md documents it (a test checks that every key is documented).
+The keys are the fields of relay/options.py that carry setting metadata (name, help, kind,
+default, unit): this module parses and resolves them, cli.py builds its options from them,
+``--print-config`` walks them, and docs/configuration.md's table is rendered from them
+(``relay.options.settings_table``; a test keeps the docs equal to it).
 Authorization tokens are secrets and come only from TOML files (``[[auth.tokens]]`` in the
 config file or in ``tokens_file``), never from a flag (visible in ``ps``) or the environment
 (visible in ``/proc``).
@@ -17,13 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relay.core.relay import RelayOptions
-from relay.service import RelayConfig
+from relay.options import (
+    ENV_PREFIX,
+    PASSED_ON,
+    KeyField,
+    RelayConfig,
+    RelayOptions,
+    Role,
+    key_fields,
+    usable_cores,
+)
 from relay.session.tokens import read_token_file
 from relay.transport.config import CONGESTION_CONTROLS
-
-ENV_PREFIX = "KVCS_RELAY_"
-_QUIC_CC = RelayConfig.congestion_control
 
 
 class ConfigError(ValueError):
@@ -99,8 +106,6 @@ def _str_list(v: Any) -> list[str]:
 def _workers(v: Any) -> int:
     """A count of worker processes, or "auto": one per usable core."""
     if str(v).strip().lower() == "auto":
-        from relay.workers import usable_cores
-
         return usable_cores()
     n = _int(v)
     if n < 1:
@@ -131,111 +136,28 @@ def _log_level(v: Any) -> str:
     return s
 
 
+# a key's parser by the kind its field declares (relay/options.py)
+_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "hostport": _hostport, "hostport_or_off": _hostport_or_off, "int": _int,
+    "positive_float": _positive_float, "opt_float": _opt_float, "bool": _bool, "path": _path,
+    "opt_path": _opt_path, "str_list": _str_list, "workers": _workers, "wt_path": _wt_path,
+    "log_level": _log_level, "congestion_control": _choice(*CONGESTION_CONTROLS),
+}
+
+
 @dataclass(frozen=True)
-class Key:
-    name: str  # TOML key; the flag is --name-with-dashes, the env var KVCS_RELAY_NAME
+class Key(KeyField):
+    """One configuration key (a field of relay/options.py) and the parser of its values."""
+
     parse: Callable[[Any], Any]
-    default: Any
-    help: str
-    text_default: str  # the default as written in a flag, env var or TOML value
-    multiple: bool = False  # repeatable flag (lists)
-    is_flag: bool = False  # boolean switch on the command line
-    # the RelayConfig field it sets ("options.x": RelayOptions.x); "": the key's own name;
-    # None: read elsewhere (the CLI, the logs, the token and quota tables)
-    to: str | None = ""
 
-    @property
-    def target(self) -> str | None:
-        return self.name if self.to == "" else self.to
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
+    @classmethod
+    def of(cls, kf: KeyField) -> Key:
+        kind, choices = kf.meta["kind"], kf.meta["choices"]
+        return cls(kf.owner, kf.field, _choice(*choices) if kind == "choice" else _PARSERS[kind])
 
 
-KEYS: tuple[Key, ...] = (
-    Key("listen", _hostport, (RelayConfig.listen_host, RelayConfig.listen_port),
-        "UDP HOST:PORT for raw QUIC (moqt-22) and WebTransport.",
-        f"{RelayConfig.listen_host}:{RelayConfig.listen_port}", to=None),
-    Key("data_dir", _path, Path("data"), "Directory of the LMDB store and of the self-signed "
-        "certificate.", "data"),
-    Key("cert", _opt_path, None, "TLS certificate chain (PEM); with --key. Without both, a "
-        "self-signed certificate is made in the data directory.", ""),
-    Key("key", _opt_path, None, "TLS private key (PEM); with --cert.", ""),
-    Key("upstream", _str_list, [], "Upstream relay URL (moqt://HOST:PORT/ or https://…); "
-        "repeatable, tried in order. Env: comma-separated.", "", multiple=True),
-    Key("upstream_ca", _opt_path, None, "CA file for the upstream relay's certificate.", ""),
-    Key("upstream_token", _opt_path, None, "File holding the token the relay presents to "
-        "its upstream relay (AUTHORIZATION_TOKEN in SETUP); unset: none.", "", to=None),
-    Key("upstream_idle_timeout", _positive_float, RelayConfig.upstream_idle_timeout,
-        "Seconds without a packet from the upstream relay (PINGed every third of it) before "
-        "its session counts as dead; also bounds each dial.",
-        str(RelayConfig.upstream_idle_timeout)),
-    Key("upstream_announce_fields", _int, RelayConfig.upstream_announce_fields,
-        "Announcing upward: one PUBLISH_NAMESPACE per distinct first N fields of the "
-        "namespaces this relay holds (2: per KVCS scope); 0: one per whole namespace.",
-        str(RelayConfig.upstream_announce_fields)),
-    Key("upstream_push", _bool, False, "PUBLISH every Track this relay's publishers PUBLISH "
-        "to the upstream relay as it arrives (off: pulled on demand).", "false", is_flag=True,
-        to="options.upstream_push"),
-    Key("upstream_insecure", _bool, False, "Do not verify the upstream certificate (loopback "
-        "development only).", "false", is_flag=True),
-    Key("memory_bytes", _int, RelayConfig.memory_bytes, "Byte bound of the memory tier "
-        "(per-entry overhead included).", str(RelayConfig.memory_bytes)),
-    Key("lmdb_bytes", _int, RelayConfig.lmdb_bytes, "Byte bound of the LMDB tier.",
-        str(RelayConfig.lmdb_bytes)),
-    Key("lmdb_max_age", _opt_float, None, "Seconds after which a committed Track expires "
-        "from LMDB (unset: never).", ""),
-    Key("scope_memory_bytes", _int, 0, "Memory-tier quota of each scope (KVCS Scope ID) "
-        "without one of its own in [scopes.\"<hex>\"]; 0: none.", "0", to=None),
-    Key("scope_lmdb_bytes", _int, 0, "LMDB quota of each scope without one of its own in "
-        "[scopes.\"<hex>\"]; 0: none.", "0", to=None),
-    Key("max_datagram_size", _int, RelayConfig.max_datagram_size, "UDP payload size; raise "
-        "to the path MTU (e.g. 8952) on jumbo-frame paths.", str(RelayConfig.max_datagram_size)),
-    Key("workers", _workers, 1, "Relay worker processes sharing the UDP port and the LMDB "
-        "store (SO_REUSEPORT); auto: one per usable core. See docs/workers.md.", "1",
-        to=None),
-    Key("quic_backend", _choice("aioquic", "qh3"), "aioquic", "QUIC library: aioquic, or "
-        "qh3 (the fast extra: a native QUIC core, several times the throughput per core); "
-        "see docs/transport.md.", "aioquic"),
-    Key("congestion_control", _choice(*CONGESTION_CONTROLS), _QUIC_CC, "aioquic congestion "
-        "controller of all the relay's connections: bbr (paces at a model of the path; random "
-        "loss does not slow it), or aioquic's loss-based reno or cubic. qh3 has its own and "
-        "no choice (setting it with qh3 is an error); see docs/transport.md.", _QUIC_CC),
-    Key("max_backlog_bytes", _int, RelayOptions.max_backlog_bytes, "Bytes queued for one "
-        "subscriber beyond which its subscription ends as too far behind.",
-        str(RelayOptions.max_backlog_bytes), to="options.max_backlog_bytes"),
-    Key("max_sessions", _int, RelayOptions.max_sessions, "Sessions served at once; more are "
-        "refused before SETUP and counted. 0: no bound.", str(RelayOptions.max_sessions),
-        to="options.max_sessions"),
-    Key("fill_timeout", _positive_float, RelayOptions.default_fill_timeout, "Seconds a fill "
-        "or FETCH waits for unknown Objects when the request gives no FILL_TIMEOUT.",
-        str(RelayOptions.default_fill_timeout), to="options.default_fill_timeout"),
-    Key("metrics_listen", _hostport_or_off, ("127.0.0.1", 9464), "TCP HOST:PORT of the "
-        "/metrics, /healthz and /readyz listener, or 'off'.", "127.0.0.1:9464"),
-    Key("drain_timeout", _positive_float, RelayConfig.drain_timeout, "Seconds, after "
-        "SIGTERM/SIGINT and GOAWAY, for fills and FETCHes in flight and LMDB commits to "
-        "finish.", str(RelayConfig.drain_timeout)),
-    Key("ready_file", _opt_path, None, "Once listening, write {\"port\", \"metrics_port\", "
-        "\"pid\"} as JSON to this file (for supervisors and tests).", ""),
-    Key("send_buffer_bytes", _int, RelayConfig.send_buffer_bytes, "Bytes queued for sending "
-        "on one connection before its writers wait (half of it per stream).",
-        str(RelayConfig.send_buffer_bytes)),
-    Key("wt_path", _wt_path, RelayConfig.wt_path, "Path of the WebTransport endpoint "
-        "(https://HOST:PORT<path>).", RelayConfig.wt_path),
-    Key("tokens_file", _opt_path, None, "A TOML file holding only [[auth.tokens]] (e.g. a "
-        "mounted Kubernetes Secret); added to the tokens of the config file.", "", to=None),
-    Key("admin_token_file", _opt_path, None, "File holding the bearer token of the admin API "
-        "(/admin/ on the metrics listener); unset: the admin API is off.", "", to=None),
-    Key("log_level", _log_level, "INFO", "DEBUG, INFO, WARNING, ERROR or CRITICAL.",
-        "INFO", to=None),
-    Key("log_format", _choice("text", "json"), "text", "text (one line per event) or json "
-        "(one object per line).", "text", to=None),
-)
+KEYS: tuple[Key, ...] = tuple(Key.of(kf) for kf in key_fields())
 KEY_BY_NAME = {k.name: k for k in KEYS}
 # TOML-only tables (secrets and structured values)
 TABLES = ("auth", "scopes")
@@ -260,16 +182,17 @@ class Settings:
         except KeyError:
             raise AttributeError(name) from None
 
-    def relay_config(self) -> Any:
-        """The :class:`relay.service.RelayConfig` these settings describe."""
+    def relay_config(self) -> RelayConfig:
+        """The :class:`RelayConfig` these settings describe: each key sets its own field
+        (the launcher's few that the relay takes as they are too); the rest are read here."""
         v = self.values
-        cfg = RelayConfig()
-        for key in KEYS:
-            if key.target is not None:
-                obj, _, attr = key.target.rpartition(".")
-                value = v[key.name]
-                setattr(getattr(cfg, obj) if obj else cfg, attr,
-                        list(value) if isinstance(value, list) else value)
+
+        def own(owner: type) -> dict[str, Any]:
+            return {k.field.name: _copy(v[k.name]) for k in KEYS
+                    if k.owner is owner
+                    or (owner is RelayConfig and k.name in PASSED_ON)}
+
+        cfg = RelayConfig(**own(RelayConfig), options=RelayOptions(**own(RelayOptions)))
         cfg.listen_host, cfg.listen_port = v["listen"]
         cfg.auth_tokens = [dict(t) for t in self.auth_tokens]
         cfg.admin_token = self.admin_token
@@ -286,6 +209,10 @@ class Settings:
             return None
         return ScopeQuotas(v["scope_memory_bytes"] or None, v["scope_lmdb_bytes"] or None,
                            dict(self.scope_overrides))
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value  # lists: not shared
 
 
 def _parse(key: Key, raw: Any, source: str) -> Any:
@@ -308,8 +235,6 @@ def _read_file(path: Path) -> dict[str, Any]:
 
 
 def _auth_tokens(table: Any, where: str) -> list[dict[str, Any]]:
-    from relay.core.auth import Role
-
     if not isinstance(table, dict) or set(table) - {"tokens"}:
         raise ConfigError(f"{where}: [auth] holds only 'tokens'")
     tokens = table.get("tokens", [])

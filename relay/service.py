@@ -14,81 +14,25 @@ import logging
 import os
 import signal
 import socket
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from relay.admin import AdminApi
 from relay.core.auth import Authorizer
 from relay.core.persistence import pending_commits
-from relay.core.relay import Relay, RelayOptions
+from relay.core.relay import Relay, relay_session_config
 from relay.core.routing import RELAY_IMPLEMENTATION
 from relay.core.siblings import SiblingLinks
 from relay.core.upstream import UpstreamLink
 from relay.metrics import MetricsServer, RelayMetrics
+from relay.options import RelayConfig
 from relay.session.tokens import tokens_of
 from relay.transport import QuicSettings, Server, ensure_self_signed, fingerprint, serve
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
-from storage.quota import ScopeQuotas
 from storage.tiered import TieredStore
 
 log = logging.getLogger("kvcs.relay")
-
-# The transport's own defaults, where the relay has no reason to differ (QuicSettings uses
-# slots, so its class attributes are not the values)
-_QUIC_DEFAULTS = {f.name: f.default for f in dataclasses.fields(QuicSettings)}
-
-
-@dataclass
-class RelayConfig:
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 4433
-    data_dir: Path = Path("data")
-    cert: Path | None = None
-    key: Path | None = None
-    upstream: list[str] = field(default_factory=list)
-    upstream_ca: Path | None = None
-    upstream_insecure: bool = False
-    # Presented to the upstream relay in SETUP (its per-scope authorization applies to
-    # everything this relay asks for on behalf of its clients); None: no token.
-    upstream_token: bytes | None = None
-    # QUIC idle timeout of upstream links (PINGs every third of it keep a quiet link up):
-    # a dead upstream is noticed within about this long; also bounds each dial.
-    upstream_idle_timeout: float = 3.0
-    # Announcing upward (docs/relay.md, "Trees"): one PUBLISH_NAMESPACE per distinct first N
-    # fields of this relay's own namespaces (2: per KVCS scope); 0: per whole namespace.
-    upstream_announce_fields: int = 2
-    memory_bytes: int = 1 << 30
-    lmdb_bytes: int = 8 << 30
-    lmdb_max_age: float | None = None
-    max_datagram_size: int = _QUIC_DEFAULTS["max_datagram_size"]
-    # "aioquic" or "qh3"; None: the process default (relay.transport.backend), which tests
-    # switch to run the relay on either backend
-    quic_backend: str | None = None
-    # aioquic's congestion controller (bbr, reno, cubic); qh3 has its own
-    congestion_control: str = _QUIC_DEFAULTS["congestion_control"]
-    send_buffer_bytes: int = 1 << 20
-    wt_path: str = "/moq"
-    options: RelayOptions = field(default_factory=RelayOptions)
-    auth_tokens: list[dict[str, object]] = field(default_factory=list)
-    # TCP (host, port) of /metrics, /healthz, /readyz; None: no listener (the library
-    # default, so in-process relays in tests do not fight over a port; the CLI's is 9464).
-    metrics_listen: tuple[str, int] | None = None
-    # After SIGTERM/SIGINT and GOAWAY: how long fills, FETCHes and LMDB commits may finish.
-    drain_timeout: float = 10.0
-    ready_file: Path | None = None
-    # Bearer token of /admin/ on the metrics listener; None: the admin API is off (404).
-    admin_token: str | None = None
-    # Per-scope byte quotas of both tiers (storage/quota.py); None: none.
-    scope_quotas: ScopeQuotas | None = None
-    # One worker of `kvcs relay --workers N` (relay/workers.py, docs/workers.md): share the
-    # UDP port (SO_REUSEPORT), serve siblings on a loopback listener, link to theirs.
-    worker: WorkerRole | None = None
-    # Wall clock of both tiers and of expiry (lmdb_max_age, MAX_CACHE_DURATION); tests
-    # inject one to age the cache without waiting.
-    clock: Callable[[], float] = time.time
 
 
 @dataclass(frozen=True)
@@ -225,7 +169,7 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
     if config.upstream:
         upstream = UpstreamLink(
             config.upstream,
-            config=dataclasses.replace(config.options.session,
+            config=dataclasses.replace(relay_session_config(config.options),
                                        authorization_tokens=tokens_of(config.upstream_token),
                                        implementation=RELAY_IMPLEMENTATION),
             settings=dataclasses.replace(settings, idle_timeout=config.upstream_idle_timeout,

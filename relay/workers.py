@@ -49,7 +49,7 @@ from relay.admin import SIBLING_ROUTES, AdminAuth
 from relay.core.siblings import read_worker_files
 from relay.http import Answer, Listener, read_body, request, text
 from relay.merge import merge_admin_purge, merge_admin_state, merge_metrics
-from relay.service import RelayConfig
+from relay.options import RelayConfig
 from relay.transport import ensure_self_signed
 from relay.transport.burst import make_socket
 
@@ -60,13 +60,6 @@ _SCRAPE_TIMEOUT = 3.0
 _ADMIN_TIMEOUT = 30.0  # a worker's purge may wait for its LMDB writer
 _READY_AGAIN_TIMEOUT = 60.0  # a restarted worker not ready by then is left to its own exit
 _READY_POLL = 0.05  # the ready file is written by the worker: no event to wait for
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def worker_sockets(host: str, port: int, n: int) -> list[socket.socket]:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from import_rules import loaded_after
+
 ROOT = Path(__file__).resolve().parents[1]
 IO_MODULES = {"asyncio", "socket", "selectors", "ssl", "threading", "time"}
 
@@ -102,3 +104,44 @@ def test_the_reference_peers_never_import_the_relay_core() -> None:
                  for name in _imports(path, _module(path))
                  if name.startswith(("relay.core", "relay.service", "relay.workers"))]
     assert offenders == []
+
+
+def _project_imports(path: Path) -> set[str]:
+    return {n for n in _imports(path, _module(path)) if n.split(".")[0] in ("relay", "storage")}
+
+
+def test_the_settings_are_a_leaf_and_the_configuration_reads_only_them() -> None:
+    """relay/options.py (the settings, defined once) imports nothing of the project, so any
+    layer may read it; relay/config.py (keys, parsing, precedence) builds on it and on the
+    session's token files, never on the relay it configures (relay.core, relay.service), not
+    even through what it imports."""
+    assert _project_imports(ROOT / "relay" / "options.py") == set()
+    assert {n for n in _project_imports(ROOT / "relay" / "config.py")
+            if n.startswith(("relay.core", "relay.service", "relay.workers"))} == set()
+    assert loaded_after("import relay.config", ("relay.core", "relay.service")) == ""
+
+
+def test_the_core_imports_nothing_of_the_transport() -> None:
+    """The relay core reaches QUIC only through the session layer: its errors, stream
+    handles and settings come under the session's names (relay/session/handles.py), so the
+    transport can change below the session without the core knowing."""
+    offenders = [f"{path.relative_to(ROOT)}: {name}"
+                 for path in sorted((ROOT / "relay" / "core").rglob("*.py"))
+                 for name in _imports(path, _module(path))
+                 if name == "relay.transport" or name.startswith("relay.transport.")]
+    assert len(list((ROOT / "relay" / "core").rglob("*.py"))) > 10
+    assert offenders == []
+
+
+def test_the_session_handles_are_what_the_transport_gives() -> None:
+    """The core's names fit what arrives: every error the transport raises is a LinkError,
+    and a transport send stream has every member of SendBacklog."""
+    from relay.session import LinkError, SendBacklog
+    from relay.transport import SendStream, errors
+
+    members = {n for n in vars(SendBacklog) if not n.startswith("_")}
+    assert members >= {"unsent", "would_wait"}
+    assert [n for n in sorted(members) if not hasattr(SendStream, n)] == []
+    raised = [c for c in vars(errors).values()
+              if isinstance(c, type) and issubclass(c, Exception)]
+    assert len(raised) > 3 and all(issubclass(c, LinkError) for c in raised)

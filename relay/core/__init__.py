@@ -1,7 +1,8 @@
 """The relay core: routing, subscriptions, fan-out, caching, upstream. Who owns what:
 
 - ``relay.py``: `Relay`, the composition: session admission (``max_sessions``), the Track
-  registry (create, sweep), and the parts below; shutdown.
+  registry (create, sweep), and the parts below; shutdown; the sessions' SETUP values
+  (``relay_session_config``).
 - ``handler.py``: one downstream session's requests (PUBLISH_NAMESPACE, PUBLISH,
   SUBSCRIBE_NAMESPACE, SUBSCRIBE with fill, FETCH, TRACK_STATUS): authorization, then the
   Track and the routing.
@@ -19,6 +20,11 @@
   Objects into the store's records; ``counters.py``: what is counted (exported by
   relay/metrics.py).
 
-Seams: the core uses the session layer (relay.session) for every request and stream, the
-store (storage) through `TieredStore`, and never the KVCS library (it does not read payloads).
+Seams: the core uses the session layer (relay.session) for every request and stream, and
+imports nothing of the transport: a failed link is the session's ``LinkError``, a send
+stream's backlog a ``SendBacklog``, connections and QUIC settings are handed through under
+the session's names (relay/session/handles.py). Its options (``RelayOptions``) come from
+relay/options.py, the settings defined once. It reaches the store (storage) through
+`TieredStore`, and never the KVCS library (it does not read payloads). tests/test_layers.py
+checks the imports.
 """

@@ -34,9 +34,8 @@ from relay.moqt.primitives import (
     namespace_matches_prefix,
     prefixes_overlap,
 )
-from relay.session import MoqtSession, RequestRejected
+from relay.session import LinkError, MoqtSession, RequestRejected
 from relay.session.errors import SessionFailure
-from relay.transport import TransportError
 
 from .auth import Role
 from .namespaces import NamespaceListener, own_source
@@ -186,7 +185,7 @@ class UpwardAnnouncer:
             log.warning("upstream relay refused the announcement of %s: %s (0x%x); it is "
                         "served here only", format_namespace(prefix), e.reason, e.code)
             return
-        except (SessionFailure, TransportError, TimeoutError) as e:
+        except (SessionFailure, LinkError, TimeoutError) as e:
             if self._sent.get(prefix) is pending:
                 del self._sent[prefix]
             log.info("announcement of %s upstream failed: %s", format_namespace(prefix),

@@ -18,15 +18,10 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import Enum
 
 from relay.moqt.primitives import TrackNamespace, namespace_matches_prefix
 from relay.moqt.token import Token
-
-
-class Role(Enum):
-    PUBLISH = "publish"
-    SUBSCRIBE = "subscribe"
+from relay.options import Role  # what a token grants is part of its configuration
 
 
 @dataclass(frozen=True)

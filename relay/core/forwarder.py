@@ -27,8 +27,13 @@ from relay.moqt.dataplane.objects import SubgroupHeader
 from relay.moqt.params import Params
 from relay.moqt.primitives import Location
 from relay.moqt.range_filter import ObjectFilter, RangeFilter, override_filters
-from relay.session import RequestCancelled, ServedSubscription, SubgroupWriter
-from relay.transport import SendStream, TransportError
+from relay.session import (
+    LinkError,
+    RequestCancelled,
+    SendBacklog,
+    ServedSubscription,
+    SubgroupWriter,
+)
 from storage.interface import StoredObject
 
 from .counters import Counters
@@ -54,7 +59,7 @@ class _Down:
     subscriber_priority: int = DEFAULT_SUBSCRIBER_PRIORITY
 
     @property
-    def send_stream(self) -> SendStream | None:
+    def send_stream(self) -> SendBacklog | None:
         """The scheduler's lane: a stream blocked by flow control holds back only itself."""
         return self.writer.stream if self.writer is not None else None
 
@@ -190,7 +195,7 @@ class Forwarder:
             w = await self.served.open_subgroup(group, subgroup, priority,
                                                 first_object=False, end_of_group=True)
             await w.finish()
-        except (TransportError, RequestCancelled):
+        except (LinkError, RequestCancelled):
             pass
         finally:
             self._maybe_done()
@@ -229,7 +234,7 @@ class Forwarder:
             else:
                 self.backlog -= extra
                 await self._write(down, obj)
-        except TransportError:
+        except LinkError:
             down = self._streams.get(stream_key)
             if down is not None:
                 down.failed = True
@@ -293,7 +298,7 @@ class Forwarder:
         try:
             assert self.served is not None
             await self.served.done(status, reason)
-        except TransportError:
+        except LinkError:
             pass
 
     # -- ending -----------------------------------------------------------------------------------
@@ -315,7 +320,7 @@ class Forwarder:
         try:
             assert self.served is not None
             await self.served.done(status, reason, timeout=1.0)
-        except TransportError:
+        except LinkError:
             pass
 
     def close(self) -> None:

@@ -38,6 +38,7 @@ from relay.session import (
     IncomingSubscribe,
     IncomingSubscribeNamespace,
     IncomingTrackStatus,
+    LinkError,
     MoqtSession,
     RequestRejected,
     ServedSubscription,
@@ -45,7 +46,6 @@ from relay.session import (
 )
 from relay.session.errors import SessionFailure
 from relay.session.requests import IncomingRequest, IncomingTrackRequest
-from relay.transport import TransportError
 from storage.interface import OBJECT_MAX
 
 from . import cache
@@ -392,7 +392,7 @@ class RelayHandler(SessionHandler):
             else self.relay.options.default_fill_timeout
         try:
             stream = await served.open_fill(request_id, group_order=order)
-        except (TransportError, SessionFailure):
+        except (LinkError, SessionFailure):
             return None
         session = _moqt_session(served)
         writer = ScheduledWriter(stream, self.scheduler(session),
@@ -418,7 +418,7 @@ class RelayHandler(SessionHandler):
                 if not stats.reset:
                     await writer.finish()
                 served.done(stats, loop.time() - started)
-        except TransportError:
+        except LinkError:
             pass
         finally:
             lease.release()
@@ -508,7 +508,7 @@ class RelayHandler(SessionHandler):
                 if not stats.reset:
                     await writer.finish()
                 served.done(stats, loop.time() - started)
-        except TransportError:
+        except LinkError:
             pass
         finally:
             lease.release()

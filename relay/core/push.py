@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from relay.moqt.params import Params
 from relay.moqt.primitives import Location, format_full_track_name
-from relay.session import MoqtSession, RequestRejected
+from relay.session import LinkError, MoqtSession, RequestRejected
 from relay.session.errors import SessionFailure
-from relay.transport import TransportError
 
 from .forwarder import Forwarder
 from .scheduler import SessionScheduler
@@ -69,7 +68,7 @@ class UpstreamPush:
             served = await asyncio.wait_for(
                 up.publish(name.namespace, name.name, properties=properties),
                 relay.options.default_fill_timeout)
-        except (RequestRejected, SessionFailure, TransportError, TimeoutError) as e:
+        except (RequestRejected, SessionFailure, LinkError, TimeoutError) as e:
             fwd.close()
             relay.counters.upstream_pushes_failed += 1
             log.warning("push of %s upstream refused or failed: %s; it is served here only",

@@ -4,10 +4,10 @@ links and authorization, answering every downstream request (§14, kvcs-draft 5.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from relay.moqt.codes import (
     SessionErrorCode,
@@ -16,12 +16,14 @@ from relay.moqt.kvp import kvps_from_bytes
 from relay.moqt.primitives import (
     FullTrackName,
 )
+from relay.options import RelayOptions
 from relay.session import (
+    Connection,
+    LinkError,
     MoqtSession,
     SessionConfig,
 )
 from relay.session.errors import SessionFailure
-from relay.transport import Connection, TransportError
 from storage.tiered import TieredStore
 
 from .announce import UpwardAnnouncer
@@ -44,26 +46,12 @@ log = logging.getLogger("kvcs.relay")
 RELAY_MAX_FILTER_RANGES = 16
 
 
-def _relay_session_config() -> SessionConfig:
+def relay_session_config(options: RelayOptions) -> SessionConfig:
+    """What every session of the relay advertises (SETUP) and tolerates: ``options.session``,
+    else the session layer's own defaults but for MAX_FILTER_RANGES."""
+    if options.session is not None:
+        return options.session  # type: ignore[no-any-return]
     return SessionConfig(max_filter_ranges=RELAY_MAX_FILTER_RANGES)
-
-
-@dataclass
-class RelayOptions:
-    # What every session of the relay advertises (SETUP) and tolerates: the session layer's
-    # own defaults (relay.session.SessionConfig) but for MAX_FILTER_RANGES. Its upstream
-    # links use the same, with their own authorization token.
-    session: SessionConfig = field(default_factory=_relay_session_config)
-    # A subscriber's queued-but-unsent bytes beyond this end its subscription (TOO_FAR_BEHIND).
-    max_backlog_bytes: int = 256 * 1024 * 1024
-    # FILL_TIMEOUT when a fill or FETCH does not give one (seconds).
-    default_fill_timeout: float = 5.0
-    in_flight_wait: float = 1.0
-    # Sessions served at once (setting up included); more are refused at once. 0: no bound.
-    max_sessions: int = 0
-    # With an upstream relay: PUBLISH to it every Track our publishers PUBLISH, as it
-    # arrives (relay/core/push.py); off: Tracks are pulled from here on demand.
-    upstream_push: bool = False
 
 
 class Relay:
@@ -72,7 +60,8 @@ class Relay:
                  clock: Callable[[], float] = time.time, announce_fields: int = 2,
                  upstream_token: bytes | None = None) -> None:
         self.store = store
-        self.options = options or RelayOptions()
+        options = options or RelayOptions()
+        self.options = dataclasses.replace(options, session=relay_session_config(options))
         self.auth = authorizer or Authorizer()
         self.namespaces = NamespaceTable()
         self.tracks: dict[FullTrackName, RelayTrack] = {}
@@ -120,7 +109,7 @@ class Relay:
         handler = RelayHandler(self, reach=Reach.NO_SIBLINGS if sibling else Reach.ALL)
         try:
             session = await MoqtSession.start(conn, self.session_config, handler)
-        except (SessionFailure, TransportError) as e:
+        except (SessionFailure, LinkError) as e:
             log.info("session setup failed: %s", e)
             return
         handler.attach(session)

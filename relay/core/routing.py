@@ -26,6 +26,7 @@ from relay.moqt.primitives import (
     prefixes_overlap,
 )
 from relay.session import (
+    LinkError,
     MoqtSession,
     RangeMarker,
     ReceivedObject,
@@ -33,7 +34,6 @@ from relay.session import (
     StreamAborted,
 )
 from relay.session.errors import SessionFailure
-from relay.transport import TransportError
 from storage.interface import OBJECT_MAX
 
 from .cache import stored_object
@@ -167,7 +167,7 @@ class Routing:
                     last = e
                     self.learned(track, e)
                     continue
-                except (SessionFailure, TransportError, TimeoutError) as e:
+                except (SessionFailure, LinkError, TimeoutError) as e:
                     last = self._unanswered("SUBSCRIBE", track, e)
                     continue
                 self.learned(track, None)
@@ -286,7 +286,7 @@ class Routing:
                         covered = end
                     track.mark_absent(spans.absent(start, min(end, covered)))
                 return True
-            except (RequestRejected, StreamAborted, SessionFailure, TransportError) as e:
+            except (RequestRejected, StreamAborted, SessionFailure, LinkError) as e:
                 if isinstance(e, RequestRejected):
                     self.learned(track, e)
                 else:
@@ -311,7 +311,7 @@ class Routing:
                 log.info("upstream TRACK_STATUS for %r refused: %s", track, e)
                 self.learned(track, e)
                 continue
-            except (TimeoutError, SessionFailure, TransportError) as e:
+            except (TimeoutError, SessionFailure, LinkError) as e:
                 err = self._unanswered("TRACK_STATUS", track, e)
                 continue
             if ok.params.largest_object is None:
@@ -335,7 +335,7 @@ class Routing:
         self._upstream_ns[prefix] = None
         try:
             nsub = await up.subscribe_namespace(prefix)
-        except (RequestRejected, SessionFailure, TransportError) as e:
+        except (RequestRejected, SessionFailure, LinkError) as e:
             log.info("upstream SUBSCRIBE_NAMESPACE failed: %s", e)
             self._upstream_ns.pop(prefix, None)
             return
@@ -374,7 +374,7 @@ class Routing:
         try:
             nsub = await asyncio.wait_for(session.subscribe_namespace(prefix),
                                           self.relay.options.default_fill_timeout)
-        except (RequestRejected, SessionFailure, TransportError, TimeoutError) as e:
+        except (RequestRejected, SessionFailure, LinkError, TimeoutError) as e:
             log.info("lower relay's namespaces under %s not followed: %s",
                      format_namespace(prefix), e or "no answer in time")
             return

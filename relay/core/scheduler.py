@@ -28,7 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from relay.transport import SendStream
+from relay.session import SendBacklog
 
 log = logging.getLogger("kvcs.relay")
 
@@ -48,7 +48,7 @@ class Lane(Protocol):
     """Where a write goes: its send stream once open (None: not opened yet)."""
 
     @property
-    def send_stream(self) -> SendStream | None: ...
+    def send_stream(self) -> SendBacklog | None: ...
 
 
 class SessionScheduler:
@@ -130,7 +130,7 @@ class SessionScheduler:
             finally:
                 self._busy = False
 
-    async def _watched(self, task: asyncio.Task[Any], lane: Any, s: SendStream) -> None:
+    async def _watched(self, task: asyncio.Task[Any], lane: Any, s: SendBacklog) -> None:
         """Wait for a write that has to wait, unless its own stream is what holds it."""
         while not task.done():
             ours, others = s.unsent, s.connection_unsent - s.unsent
@@ -167,7 +167,7 @@ class ScheduledWriter:
         self._key: tuple[int, ...] = (subscriber_priority, DEFAULT_PUBLISHER_PRIORITY, 0, 0, 0)
 
     @property
-    def send_stream(self) -> SendStream | None:
+    def send_stream(self) -> SendBacklog | None:
         return self._w.stream  # type: ignore[no-any-return]
 
     async def write_object(self, group: int, subgroup: int | None, object_id: int,

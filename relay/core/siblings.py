@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from relay.moqt.token import Token
-from relay.session import SessionConfig, open_session
+from relay.session import LinkError, QuicSettings, SessionConfig, open_session
 from relay.session.errors import SessionFailure
-from relay.transport import QuicSettings, TransportError
 
 from .relay import Relay
 
@@ -93,7 +92,7 @@ class SiblingLinks:
             log.info("linked to sibling worker %d (%s)", idx, url)
             await session.wait_closed()
             log.info("link to sibling worker %d closed", idx)
-        except (TimeoutError, SessionFailure, TransportError, OSError) as e:
+        except (TimeoutError, SessionFailure, LinkError, OSError) as e:
             log.debug("no link to sibling worker %d yet: %s", idx, e)
             await asyncio.sleep(SCAN_INTERVAL)  # before the next scan dials it again
         finally:

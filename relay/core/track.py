@@ -24,6 +24,7 @@ from relay.moqt.codes import (
 from relay.moqt.primitives import FullTrackName, Location, format_full_track_name
 from relay.moqt.range_filter import ObjectFilter
 from relay.session import (
+    LinkError,
     RangeMarker,
     ReceivedObject,
     RequestCancelled,
@@ -33,7 +34,6 @@ from relay.session import (
     Subscription,
     SubscriptionDone,
 )
-from relay.transport import TransportError
 from storage.interface import (
     OBJECT_MAX,
     AppendResult,
@@ -529,7 +529,7 @@ class RelayTrack:
             try:
                 await asyncio.wait_for(upstream_fetch(self, span.start, span.end),
                                        max(0.0, deadline - loop.time()))
-            except (TimeoutError, TransportError, SessionClosed):
+            except (TimeoutError, LinkError, SessionClosed):
                 return False
             return self._span_changed(span)
         return False

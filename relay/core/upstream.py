@@ -17,9 +17,15 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 
-from relay.session import MoqtSession, SessionConfig, SessionHandler, open_session
+from relay.session import (
+    LinkError,
+    MoqtSession,
+    QuicSettings,
+    SessionConfig,
+    SessionHandler,
+    open_session,
+)
 from relay.session.errors import SessionFailure
-from relay.transport import QuicSettings, TransportError
 
 log = logging.getLogger("kvcs.relay")
 
@@ -99,7 +105,7 @@ class UpstreamLink:
                 session = await asyncio.wait_for(open_session(
                     url, config=self.config, handler=handler, settings=self.settings,
                     ca_file=self.ca_file, insecure=self.insecure), self.dial_timeout)
-            except (TransportError, SessionFailure, OSError, TimeoutError) as e:
+            except (LinkError, SessionFailure, OSError, TimeoutError) as e:
                 log.warning("upstream relay %s unreachable: %s", url, e or type(e).__name__)
                 continue
             log.info("connected to upstream relay %s", url)

@@ -7,6 +7,10 @@ Typical use::
     sub = await session.subscribe(ns, b"k.raw.s0", Params(location_filter=...))
     async for event in sub: ...
 
+The layers above import nothing of the transport: what they need of it (the failure of a
+link, a send stream's backlog, the connection and QUIC settings handed through) is in
+``handles`` under the session's names.
+
 The peer's requests reach ``handler`` (a :class:`SessionHandler`) as ``Incoming*`` objects
 that are answered with ``accept(...)`` / ``reject(...)``.
 """
@@ -31,6 +35,7 @@ from .events import (
 )
 from .fetch import FetchResponse, IncomingFetch
 from .handler import SessionHandler
+from .handles import Connection, LinkError, QuicSettings, SendBacklog
 from .namespace import (
     IncomingPublishNamespace,
     IncomingSubscribeNamespace,
@@ -44,6 +49,7 @@ from .track_status import IncomingTrackStatus
 from .writers import FetchWriter, SubgroupWriter
 
 __all__ = [
+    "Connection",
     "FetchResponse",
     "FetchWriter",
     "IncomingFetch",
@@ -52,14 +58,17 @@ __all__ = [
     "IncomingSubscribe",
     "IncomingSubscribeNamespace",
     "IncomingTrackStatus",
+    "LinkError",
     "MoqtSession",
     "NamespaceEvent",
     "NamespaceSubscription",
     "PublishedNamespace",
+    "QuicSettings",
     "RangeMarker",
     "ReceivedObject",
     "RequestCancelled",
     "RequestRejected",
+    "SendBacklog",
     "ServedSubscription",
     "SessionClosed",
     "SessionConfig",

@@ -44,7 +44,7 @@ from relay_helpers import (
     wait_namespace,
 )
 
-from relay.core.relay import RelayOptions
+from relay.core.relay import RelayOptions, relay_session_config
 from relay.moqt.codes import ObjectStatus
 from relay.moqt.primitives import FullTrackName, Location
 from relay.service import RunningRelay
@@ -362,7 +362,7 @@ async def test_kvcs_subscriber_fill_pulls_history_from_a_moqrs_publisher(
     # moq-rs's PUBLISH_DONE counts the streams of Groups 0 and 1 too, which it sent before
     # the relay subscribed: the relay's upstream subscription waits done_linger for them
     # (§7.7) before it ends. 1 s instead of 5 s: Group 2's stream has long arrived by then.
-    session = dataclasses.replace(RelayOptions().session, done_linger=1.0)
+    session = dataclasses.replace(relay_session_config(RelayOptions()), done_linger=1.0)
     r = await relay_at(tmp_path, options=RelayOptions(in_flight_wait=0.2,
                                                       default_fill_timeout=3.0, session=session))
     try:

@@ -15,8 +15,8 @@ import pytest
 
 from relay import logs
 from relay.config import KEYS, ConfigError, load, render
-from relay.core.relay import RelayOptions
-from relay.service import RelayConfig
+from relay.options import PASSED_ON, LaunchOptions, RelayConfig, RelayOptions, settings_table
+from relay.transport import QuicSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 KVCS = [sys.executable, "-m", "relay.cli"]
@@ -108,40 +108,49 @@ def test_tokens_file_adds_tokens(tmp_path: Path) -> None:
         load({}, {}, f)
 
 
-def test_the_settings_table_is_the_keys() -> None:
-    """docs/configuration.md's table says of each key what the code does: same keys in the same
-    order, its flag, env var, default, and the code's help text (the docs may add a pointer)."""
+def test_the_docs_table_is_what_the_settings_render() -> None:
+    """docs/configuration.md holds exactly the table relay/options.py renders, and no other
+    key row: a new setting without docs, or docs of a setting that changed, fail here."""
     doc = (ROOT / "docs" / "configuration.md").read_text()
-    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in doc.splitlines()
-            if ln.startswith("| `")]
-    assert [r[0] for r in rows] == [f"`{k.name}`" for k in KEYS]
-    for k, (_, flag, env, default, meaning) in zip(KEYS, rows, strict=True):
-        assert (flag, env) == (f"`{k.flag}`", f"`{k.env}`"), k.name
-        assert default == f"`{k.text_default or 'unset'}`", k.name
-        # the docs may format names as code; the words are the code's
-        assert meaning.replace("`", "").startswith(k.help.replace("`", "")), k.name
+    table = settings_table()
+    assert table in doc, "run scripts/config_table.py and paste its table into the docs"
+    rows = [ln for ln in table.splitlines() if ln.startswith("| `")]
+    assert [ln for ln in doc.splitlines() if ln.startswith("| `")] == rows
+    assert [r.split("|")[1].strip() for r in rows] == [f"`{k.name}`" for k in KEYS]
     assert "[[auth.tokens]]" in doc
 
 
 def test_every_setting_of_the_relay_has_a_key_and_the_keys_set_it() -> None:
     """Configuration defined once: every field of RelayConfig and RelayOptions a user may
-    set is some key's target (so it has a flag, an env var and a TOML key), and a value
-    given for each key reaches that field."""
+    set carries setting metadata (so it has a flag, an env var and a TOML key), and a value
+    given for each key reaches its field."""
     not_settings = {"listen_host", "listen_port",  # `listen`
                     "upstream_token", "auth_tokens", "admin_token", "scope_quotas",  # files
+                    "quic_backend", "metrics_listen",  # the launcher's, passed on
                     "options", "worker", "clock",  # composition, workers, tests
                     "options.session", "options.in_flight_wait"}  # protocol tuning
     fields = {f.name for f in dataclasses.fields(RelayConfig)} | \
         {f"options.{f.name}" for f in dataclasses.fields(RelayOptions)}
-    targets = {k.target for k in KEYS if k.target is not None}
-    assert fields - not_settings == targets
+    keyed = {("options." if k.owner is RelayOptions else "") + k.field.name
+             for k in KEYS if k.owner is not LaunchOptions}
+    assert fields - not_settings == keyed
+    assert set(PASSED_ON) <= {f.name for f in dataclasses.fields(LaunchOptions)}
     cfg = load({"send_buffer_bytes": "4096", "wt_path": "/kv", "fill_timeout": "2.5",
-                "max_sessions": "7", "upstream_push": True, "listen": "127.0.0.1:7"},
-               {}).relay_config()
+                "max_sessions": "7", "upstream_push": True, "listen": "127.0.0.1:7",
+                "quic_backend": "qh3", "metrics_listen": "127.0.0.1:9"}, {}).relay_config()
     assert (cfg.send_buffer_bytes, cfg.wt_path, cfg.options.default_fill_timeout) == \
         (4096, "/kv", 2.5)
     assert (cfg.options.max_sessions, cfg.options.upstream_push) == (7, True)
     assert (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 7)
+    assert (cfg.quic_backend, cfg.metrics_listen) == ("qh3", ("127.0.0.1", 9))
+
+
+def test_the_relay_defaults_are_the_transports() -> None:
+    """relay/options.py cannot import the transport, so it writes QUIC's defaults itself:
+    they must stay the transport's own (the relay has no reason to differ)."""
+    quic = {f.name: f.default for f in dataclasses.fields(QuicSettings)}
+    assert RelayConfig.max_datagram_size == quic["max_datagram_size"]
+    assert RelayConfig.congestion_control == quic["congestion_control"]
 
 
 def test_render_round_trips_through_the_file_loader(tmp_path: Path) -> None:

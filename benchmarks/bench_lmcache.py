@@ -1,0 +1,181 @@
+"""LMCache's remote tier: our relay (the KVCS connector, relay/peers/lmcache) against
+LMCache's own remote server (``python -m lmcache.v1.server``, ``lm://``), same run, 127.0.0.1.
+
+Both connectors are LMCache's RemoteConnectors, driven as LMCache's RemoteBackend drives them
+(``put`` / ``batched_async_contains`` / ``get`` on one event loop) with the same 64 MiB of
+chunks: SmolLM2-135M's float32 KV shape, 256-token chunks (11.25 MiB each), random bytes.
+Reported per server: put and get MiB/s (chunks one after another), the first get's latency
+(first chunk in LMCache's buffer, session already up), one batched lookup of every key, and
+whether every chunk came back bit for bit. For the relay, once per QUIC backend.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["LMCACHE_TRACK_USAGE"] = "false"  # before LMCache is imported: no usage reports
+os.environ["DO_NOT_TRACK"] = "1"
+
+import asyncio
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks._report import report
+
+LAYERS, KV_HEADS, HEAD_DIM, CHUNK = 30, 3, 64, 256  # SmolLM2-135M, float32
+TOTAL = 64 << 20
+BACKENDS = ("aioquic", "qh3")
+
+
+def _engine(extra: dict[str, Any]) -> tuple[Any, Any, Any]:
+    plugins = ["kvcs"] if any(k.startswith("kvcs.") for k in extra) else []
+    import torch
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+
+    config = LMCacheEngineConfig.from_dict({
+        "chunk_size": CHUNK, "local_cpu": True, "max_local_cpu_size": 0.3,
+        "remote_serde": "naive", "remote_storage_plugins": plugins, "extra_config": extra})
+    md = LMCacheMetadata(model_name="SmolLM2-135M", world_size=1, local_world_size=1,
+                         worker_id=0, local_worker_id=0, kv_dtype=torch.float32,
+                         kv_shape=(LAYERS, 2, CHUNK, KV_HEADS, HEAD_DIM), chunk_size=CHUNK)
+    return config, md, LocalCPUBackend(config, md)
+
+
+async def _run(url: str, extra: dict[str, Any], chunks: list[bytes]) -> dict[str, Any]:
+    import torch
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.storage_backend.connector import CreateConnector
+
+    config, md, cpu = _engine(extra)
+    conn = CreateConnector(url, asyncio.get_running_loop(), cpu, config, md)
+    keys = [CacheEngineKey("SmolLM2-135M", 1, 0, 0x5EED0000 + i, torch.float32)
+            for i in range(len(chunks))]
+    objs = []
+    for data in chunks:
+        obj = cpu.allocate(md.get_shapes()[0], torch.float32, conn._connector.meta_fmt)
+        np.frombuffer(obj.byte_array, np.uint8, count=len(data))[:] = \
+            np.frombuffer(data, np.uint8)
+        objs.append(obj)
+    size = sum(len(c) for c in chunks) / (1 << 20)
+    await conn._connector.exists(keys[0])  # the session / TCP connection up before timing
+    t0 = time.perf_counter()
+    for key, obj in zip(keys, objs, strict=True):
+        await conn._connector.put(key, obj)  # our put returns once the relay holds it
+    if hasattr(conn._connector, "drain"):
+        await conn._connector.drain()
+    put_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    held = await conn.batched_async_contains("bench", keys)
+    lookup_ms = (time.perf_counter() - t0) * 1000
+    t0 = time.perf_counter()
+    got, first_ms = [], 0.0
+    for key in keys:
+        got.append(await conn._connector.get(key))
+        if not first_ms:
+            first_ms = (time.perf_counter() - t0) * 1000
+    get_s = time.perf_counter() - t0
+    same = all(g is not None and bytes(np.frombuffer(g.byte_array, np.uint8,
+                                                     count=len(c))) == c
+               for g, c in zip(got, chunks, strict=True))
+    await conn._connector.close()
+    return {"put_mib_s": size / put_s, "get_mib_s": size / get_s, "first_chunk_ms": first_ms,
+            "lookup_ms": lookup_ms, "held": held, "bit_for_bit": same}
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_line(proc: subprocess.Popen[str], pattern: str, timeout: float) -> re.Match[str]:
+    deadline = time.monotonic() + timeout
+    assert proc.stderr is not None
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        m = re.search(pattern, line)
+        if m:
+            return m
+    raise RuntimeError(f"{proc.args} did not start")
+
+
+def _relay(folder: Path, backend: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "relay", "--listen",
+                             "127.0.0.1:0", "--data-dir", str(folder), "--metrics-listen",
+                             "off", "--quic-backend", backend],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    port = int(_wait_line(proc, r"relay ready on moqt://127\.0\.0\.1:(\d+)/", 30)[1])
+    # never block the relay on a full pipe
+    subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
+    return proc, port
+
+
+def _lm_server() -> tuple[subprocess.Popen[bytes], int]:
+    port = _free_tcp_port()
+    proc = subprocess.Popen([sys.executable, "-m", "lmcache.v1.server", "127.0.0.1",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, port
+        time.sleep(0.1)  # polling a port that is not yet listening: nothing to wait on
+    raise RuntimeError("lmcache.v1.server did not start")
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(15)
+
+
+def main() -> None:
+    chunk_bytes = 2 * LAYERS * CHUNK * KV_HEADS * HEAD_DIM * 4
+    n = -(-TOTAL // chunk_bytes)
+    rng = np.random.default_rng(27)
+    chunks = [rng.bytes(chunk_bytes) for _ in range(n)]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-lmcache-") as tmp:
+        folder = Path(tmp)
+        (folder / "scope.key").write_bytes(os.urandom(32))
+        for backend in BACKENDS:
+            relay, port = _relay(folder / backend, backend)
+            try:
+                r = asyncio.run(_run("plugin://kvcs", {
+                    "remote_storage_plugin.kvcs.module_path": "relay.peers.lmcache.connector",
+                    "remote_storage_plugin.kvcs.class_name": "KvcsConnectorAdapter",
+                    "kvcs.url": f"kvcs://127.0.0.1:{port}/",
+                    "kvcs.ca_file": str(folder / backend / "tls" / "cert.pem"),
+                    "kvcs.scope_key_file": str(folder / "scope.key"),
+                    "kvcs.quic_backend": backend, "kvcs.timeout_s": 30}, chunks))
+            finally:
+                _stop(relay)
+            rows.append([f"kvcs relay ({backend})", *r.values()])
+        server, port = _lm_server()
+        try:
+            r = asyncio.run(_run(f"lm://127.0.0.1:{port}", {}, chunks))
+        finally:
+            _stop(server)
+        rows.append(["lmcache.v1.server (lm://)", *r.values()])
+    report("lmcache", ["server", "put MiB/s", "get MiB/s", "first chunk ms", "lookup ms",
+                       "held", "bit for bit"], rows,
+           {"chunks": n, "chunk_bytes": chunk_bytes, "total_mib": n * chunk_bytes / 2**20})
+
+
+if __name__ == "__main__":
+    main()

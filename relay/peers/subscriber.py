@@ -72,7 +72,7 @@ from .errors import (
 from .live import LiveRetrieval, await_listing
 from .report import build_report
 from .state import RetrievalState, Tamper, Target
-from .verification import ManifestRefused, ManifestVerifier, Reassembler
+from .verification import ManifestRefused, ManifestVerifier
 
 MODES = ("live", "completed")
 # Recovery gets at least this many round trips of the path (a retry on another relay costs a
@@ -364,8 +364,8 @@ def _switch(opts: RetrieveOptions, state: RetrievalState, ns: KvcsNamespace) -> 
     for seg, t in list(state.targets.items()):
         if not t.reasm.complete and not previous.deterministic:
             # 5.4: a segment never mixes non-deterministic publications: start it over.
-            state.targets[seg] = Target(t.entry, t.blocks, t.tracks, Reassembler(
-                previous, seg, t.tracks, blocks=t.blocks, clock=time.monotonic), ns.pub_id)
+            state.targets[seg] = Target(t.entry, t.blocks, t.tracks, state.reassembler(
+                previous, t.entry, t.tracks, t.blocks), ns.pub_id)
             state.decide("segment-restarted", segment=seg)
 
 

@@ -27,6 +27,7 @@ from .codecs import le_bytes, raw_section
 from .descriptor import DTYPES, Descriptor
 from .errors import DescriptorError, KvFileError, TokenError
 from .identifiers import tokens_be
+from .layered import KvArray
 from .registry import Component
 
 # safetensors dtype names for the descriptor's dtypes
@@ -35,7 +36,7 @@ _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
 _ALIGN = 8
 
 
-def write_kvfile(path: str | os.PathLike[str], k: np.ndarray, v: np.ndarray,
+def write_kvfile(path: str | os.PathLike[str], k: KvArray, v: KvArray,
                  descriptor: Descriptor, tokens: Sequence[int] | np.ndarray | None = None
                  ) -> None:
     """Write K and V ([layers][kv_heads][tokens][head_dim], descriptor's dtype)."""
@@ -63,7 +64,7 @@ def write_kvfile(path: str | os.PathLike[str], k: np.ndarray, v: np.ndarray,
                 f.write(le_bytes(arr[layer]))
 
 
-def _check_arrays(k: np.ndarray, v: np.ndarray, d: Descriptor) -> None:
+def _check_arrays(k: KvArray, v: KvArray, d: Descriptor) -> None:
     for name, arr in (("k", k), ("v", v)):
         if arr.ndim != 4:
             raise KvFileError(f"{name} must be [layers][kv_heads][tokens][head_dim]")

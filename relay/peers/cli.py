@@ -23,7 +23,7 @@ from relay.kvcs.errors import KvcsError
 from relay.kvcs.kvfile import read_kvfile, write_kvfile
 from relay.kvcs.plan import SPLIT_RAW, PublicationPlan, TrackSpec
 from relay.kvcs.registry import Codec, Component
-from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
+from relay.kvcs.synthetic import synthetic_descriptor, synthetic_layers, synthetic_tokens
 from relay.session.errors import SessionFailure
 from relay.session.tokens import read_token_file
 from relay.transport import TransportError
@@ -261,7 +261,8 @@ def publish(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
         assert synthetic is not None
         layers, heads, dim, ntok, dtype, seed = _parse_synthetic(synthetic)
         try:
-            k, v = synthetic_kv(layers, heads, dim, ntok, dtype, seed)
+            # made layer by layer as published: the process never holds the whole cache
+            k, v = synthetic_layers(layers, heads, dim, ntok, dtype, seed)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--synthetic") from None
         desc = desc or synthetic_descriptor(layers, heads, dim, dtype, block_tokens)

@@ -388,6 +388,8 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
                            recompute_ms_per_layer=recompute_ms_per_layer,
                            discovery_window=window, stall_timeout=stall_ms / 1000,
                            deadline=deadline_ms / 1000, connections=connections)
+    if out is not None:
+        opts.deliver = lambda res: write_kvfile(out, res.k, res.v, desc, res.tokens)
     progress = Progress("subscribe" if mode == "live" else "fetch", quiet=quiet)
     opts.progress = progress.retrieval
     t0 = time.perf_counter()
@@ -402,8 +404,6 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
     finally:
         progress.close()
     fetch_ms = (time.perf_counter() - t0) * 1000
-    if out is not None:
-        write_kvfile(out, res.k, res.v, desc, res.tokens)
     if eng is not None:
         # Layers to recompute spoil the whole cache (each layer's K/V needs the layers below):
         # then the engine prefills the prompt itself.

@@ -110,6 +110,9 @@ class RetrieveOptions:
     # path move about N times as much (docs/deployment.md)
     connections: int = 1
     tamper: Tamper | None = None
+    # Called in a thread with the result while the sessions close (e.g. writing the output
+    # file): a closing client waits out QUIC's closing period, which need not delay it.
+    deliver: Callable[[Retrieval], None] | None = None
 
 
 @dataclass
@@ -159,9 +162,11 @@ class _Sessions:
         return [session, *extra]
 
     async def close(self) -> None:
-        for s in [*self.open.values(), *(x for ss in self.extra.values() for x in ss)]:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(s.aclose(), 5.0)
+        # drain=0: a consumer has nothing in flight worth waiting for (its requests are
+        # answered or abandoned), and the wait for the last ACKs delays the caller's output.
+        sessions = [*self.open.values(), *(x for ss in self.extra.values() for x in ss)]
+        await asyncio.gather(*(asyncio.wait_for(s.aclose(drain=0), 5.0) for s in sessions),
+                             return_exceptions=True)
 
 
 async def retrieve(opts: RetrieveOptions) -> Retrieval:
@@ -206,9 +211,17 @@ async def retrieve(opts: RetrieveOptions) -> Retrieval:
     except TimeoutError:
         state.deadline_passed = True
         state.decide("deadline", missing_layers=state.missing_layers())
-    finally:
+    except BaseException:
         await sessions.close()
-    return _result(opts, state, refusals)
+        raise
+    result = _result(opts, state, refusals)
+    closing = asyncio.ensure_future(sessions.close())  # never raises
+    try:
+        if opts.deliver is not None:
+            await asyncio.to_thread(opts.deliver, result)
+    finally:
+        await closing
+    return result
 
 
 async def _primary(opts: RetrieveOptions, state: RetrievalState, sessions: _Sessions,

@@ -40,6 +40,7 @@ from .connect import PEER_SETTINGS, RelayAccess
 from .engine_options import engine_options
 from .errors import EXIT_ERROR, EXIT_USAGE, PeerError
 from .inputs import format_namespace, load_descriptor, load_key, load_tokens, parse_namespace_text
+from .output import OutputFile
 from .progress import Progress
 
 EXIT_CODES_HELP = """\b
@@ -388,8 +389,10 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
                            recompute_ms_per_layer=recompute_ms_per_layer,
                            discovery_window=window, stall_timeout=stall_ms / 1000,
                            deadline=deadline_ms / 1000, connections=connections)
-    if out is not None:
-        opts.deliver = lambda res: write_kvfile(out, res.k, res.v, desc, res.tokens)
+    output = OutputFile(out, desc, opts.tokens) if out is not None else None
+    if output is not None:  # filled as Objects arrive, in place when the retrieval ends
+        opts.allocate = output.allocate
+        opts.deliver = lambda res: output.write(res.k, res.v, res.tokens)
     progress = Progress("subscribe" if mode == "live" else "fetch", quiet=quiet)
     opts.progress = progress.retrieval
     t0 = time.perf_counter()
@@ -403,6 +406,8 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
         raise
     finally:
         progress.close()
+        if output is not None:
+            output.discard()  # what a failed retrieval left (renamed away on success)
     fetch_ms = (time.perf_counter() - t0) * 1000
     if eng is not None:
         # Layers to recompute spoil the whole cache (each layer's K/V needs the layers below):

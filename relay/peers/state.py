@@ -89,6 +89,9 @@ class RetrievalState:
     # own token range (allocated at the first segment: np.zeros leaves untouched pages
     # unbacked, so a prompt longer than what is reused costs nothing).
     _out: tuple[np.ndarray, np.ndarray] | None = None
+    # Makes those two arrays, given their shape (default np.zeros): e.g. the mapped K and V
+    # of the output file, which then fills as Objects arrive (peers/output.py).
+    allocate: Callable[[tuple[int, int, int, int]], tuple[np.ndarray, np.ndarray]] | None = None
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
     on_progress: Callable[[RetrievalState], None] | None = None  # e.g. a progress line
 
@@ -184,7 +187,8 @@ class RetrievalState:
         d = self.descriptor
         if self._out is None:
             shape = (d.layers, d.kv_heads, len(self.keys) * d.block_tokens, d.head_dim)
-            self._out = (np.zeros(shape, d.dtype), np.zeros(shape, d.dtype))
+            self._out = self.allocate(shape) if self.allocate is not None else (
+                np.zeros(shape, d.dtype), np.zeros(shape, d.dtype))
         span = slice(entry.first_block * d.block_tokens,
                      (entry.first_block + blocks) * d.block_tokens)
         out = (self._out[0][:, :, span], self._out[1][:, :, span])

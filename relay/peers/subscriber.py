@@ -113,6 +113,8 @@ class RetrieveOptions:
     # Called in a thread with the result while the sessions close (e.g. writing the output
     # file): a closing client waits out QUIC's closing period, which need not delay it.
     deliver: Callable[[Retrieval], None] | None = None
+    # Allocates the retrieval's K and V, given their shape (RetrievalState.allocate).
+    allocate: Callable[[tuple[int, int, int, int]], tuple[np.ndarray, np.ndarray]] | None = None
 
 
 @dataclass
@@ -182,6 +184,7 @@ async def retrieve(opts: RetrieveOptions) -> Retrieval:
     state = RetrievalState(d, keys, opts.codec, opts.joint, opts.tamper, trusted,
                            require_listed=opts.require_cose)
     state.on_progress = opts.progress
+    state.allocate = opts.allocate
     if opts.deadline is not None:
         state.deadline = state.t0 + opts.deadline
     sessions = _Sessions(opts.access)

@@ -7,9 +7,11 @@ Default 8 layers x 8 blocks (4 MiB of K+V); BENCH_KVCS_FULL=1 runs the full 32 l
 (default 20). The relay runs as its own process (``kvcs relay``, as deployed) on 127.0.0.1,
 once per QUIC backend (both peers on the same backend, in this process).
 
-A real-shape row: FETCH of a completed Llama-3-8B-shaped publication (32 layers, 8 KV heads,
-head dim 128, bfloat16, BENCH_KVCS_REAL_TOKENS tokens: 4096 = 512 MiB; default 512 = 64 MiB),
-seconds from the start of the retrieval until the last layer is usable.
+The real shape (results/kvcs_real_shape.json): a completed Llama-3-8B-shaped publication (32
+layers, 8 KV heads, head dim 128, bfloat16, BENCH_KVCS_REAL_TOKENS tokens: 4096 = 512 MiB;
+default 512 = 64 MiB) published by `kvcs publish` and retrieved by `kvcs fetch`, real
+processes: seconds until the last layer is usable, each command's wall time, and the peak
+RSS of the publisher, the consumer and the relay.
 
 Run: ``python -m benchmarks kvcs``. Besides the table and results/kvcs.json, it draws
 results/kvcs.png: per-layer usable time vs layer, live and completed, beside the time each
@@ -19,14 +21,17 @@ layer was produced (qh3).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks._proc import peak_rss, run_measured
 from benchmarks._report import pyplot, report
 from benchmarks.bench_relay import _RelayProcess
 from relay.kvcs.plan import PublicationPlan
@@ -35,6 +40,8 @@ from relay.peers.connect import RelayAccess
 from relay.peers.publisher import PublishOptions, publish_plan
 from relay.peers.subscriber import RetrieveOptions, retrieve
 from relay.transport.backend import set_default_backend
+
+KVCS = [sys.executable, "-m", "relay.cli"]
 
 HEADS, DIM, B = 8, 128, 16
 SCOPE_KEY = bytes(range(32))
@@ -108,29 +115,38 @@ async def _run(layers: int, blocks: int, layer_ms: float, backend: str
     return rows, series
 
 
-async def _real_shape(tokens_n: int, backend: str) -> list[Any]:
-    """Seconds until the last layer of a completed Llama-3-8B-shaped cache is usable."""
-    set_default_backend(client=backend)
-    layers, heads, dim = 32, 8, 128
-    d = synthetic_descriptor(layers, heads, dim, "bfloat16", block_tokens=B)
-    k, v = synthetic_kv(layers, heads, dim, tokens_n, "bfloat16", seed=2)
-    tokens = synthetic_tokens(tokens_n, seed=2)
-    mport = _free_tcp_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        async with _relay(Path(tmp), backend, k.nbytes, mport) as running:
-            access = RelayAccess((running.url,), ca_file=running.certfile)
-            plan = PublicationPlan(k, v, d, SCOPE_KEY, tokens)
-            await publish_plan(plan, access, PublishOptions(confirm="fetch"))
-            opts = RetrieveOptions(access, d, SCOPE_KEY, tokens, mode="completed",
-                                   publications=[(plan.namespace, None)])
-            res = await asyncio.wait_for(retrieve(opts), 1800)
-    rep = res.report
-    assert rep["exit_code"] == 0, rep["decisions"]
-    full_s = rep["all_layers_ms"] / 1000
-    return [backend, f"completed, Llama-3-8B shape, {tokens_n} tokens",
-            round(rep["first_layer_ms"], 1), round(rep["all_layers_ms"], 1), "",
-            "", rep["objects_verified"], k.nbytes + v.nbytes,
-            round((k.nbytes + v.nbytes) / (1 << 20) / full_s, 1)]
+async def _real_shape(tokens_n: int, backend: str, tmp: Path) -> list[Any]:
+    """A completed Llama-3-8B-shaped cache through real processes, as a user runs them:
+    `kvcs publish --synthetic` (confirm=fetch), then `kvcs fetch --out`, through a `kvcs
+    relay`. Seconds until the last layer is usable (the fetch's report), each command's wall
+    time, and each process's peak RSS (wait4's for the peers, VmHWM for the relay)."""
+    spec = f"32,8,128,{tokens_n},bfloat16,1"
+    d = synthetic_descriptor(32, 8, 128, "bfloat16", block_tokens=B)
+    (tmp / "desc.json").write_bytes(d.canonical_json())
+    (tmp / "tokens.json").write_text(json.dumps(synthetic_tokens(tokens_n, 1)))
+    (tmp / "scope.key").write_bytes(SCOPE_KEY)
+    cache = 2 * 32 * 8 * tokens_n * 128 * 2
+    peer = ["--scope-key", str(tmp / "scope.key"), "--quic-backend", backend, "--quiet"]
+    async with _relay(tmp / "relay", backend, cache, _free_tcp_port()) as running:
+        at = ["--relay", running.url, "--ca", str(running.certfile)]
+        pub = await asyncio.to_thread(run_measured, [
+            *KVCS, "publish", *at, *peer, "--synthetic", spec], 1800)
+        assert pub.returncode == 0, pub.stderr
+        got = await asyncio.to_thread(run_measured, [
+            *KVCS, "fetch", *at, *peer, "--namespace", pub.stdout.strip(),
+            "--descriptor", str(tmp / "desc.json"), "--tokens", str(tmp / "tokens.json"),
+            "--out", str(tmp / "fetched.kv"), "--report", str(tmp / "fetch.json")], 1800)
+        assert got.returncode == 0, got.stderr
+        assert running.proc is not None
+        relay_rss = peak_rss(running.proc.pid)
+    rep = json.loads((tmp / "fetch.json").read_text())
+    last_s = rep["all_layers_ms"] / 1000
+    mb = 1e6
+    return [backend, tokens_n, cache, round(last_s, 2), round(got.wall_s, 2),
+            round(got.wall_s - last_s, 2), round(pub.wall_s, 2),
+            round(pub.peak_rss / mb), round(pub.peak_rss / cache, 2),
+            round(got.peak_rss / mb), round(got.peak_rss / cache, 2), round(relay_rss / mb),
+            round(1.2 * cache / mb + 150)]
 
 
 def _usable(rep: dict[str, Any], shift_ms: float) -> list[float | None]:
@@ -184,8 +200,20 @@ def main() -> None:
     for backend in ("aioquic", "qh3"):
         r, series = asyncio.run(_run(layers, blocks, layer_ms, backend))
         rows += r
+    real: list[list[Any]] = []
     for backend in ("aioquic", "qh3"):
-        rows.append(asyncio.run(_real_shape(real_tokens, backend)))
+        with tempfile.TemporaryDirectory() as tmp:
+            real.append(asyncio.run(_real_shape(real_tokens, backend, Path(tmp))))
+    report("kvcs_real_shape", [
+        "backend", "tokens", "cache_bytes", "last_layer_s", "fetch_wall_s",
+        "fetch_wall_after_last_layer_s", "publish_wall_s", "publish_peak_MB",
+        "publish_peak_x_cache", "fetch_peak_MB", "fetch_peak_x_cache", "relay_peak_MB",
+        "peer_bound_MB"], real,
+        {"note": "kvcs publish --synthetic 32,8,128,TOKENS,bfloat16,1 (confirm=fetch), then "
+                 "kvcs fetch --out, as processes through a kvcs relay process; peak RSS "
+                 "from wait4 (peers) and VmHWM (relay); peer_bound = 1.2 x cache + 150 MB "
+                 "(issue 23 item 7); targets for 4096 tokens: last layer <= 4 s, fetch "
+                 "wall within 1 s of it (item 6)"})
     out = report("kvcs", ["backend", "mode", "first_layer_ms", "full_cache_ms",
                           "production_ms", "first_layer_after_production_ms", "objects",
                           "published_bytes", "MiB/s"], rows,

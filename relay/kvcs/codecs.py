@@ -31,6 +31,7 @@ import zstandard
 
 from .descriptor import Descriptor
 from .errors import CodecError
+from .layered import KvArray
 from .registry import Codec, Component
 
 ZSTD_LEVEL = 3
@@ -58,7 +59,7 @@ def from_le_bytes(data: bytes | memoryview, dtype: np.dtype[Any], shape: Sequenc
     return arr
 
 
-def section(cache: np.ndarray, layer: int, block: int, block_tokens: int) -> np.ndarray:
+def section(cache: KvArray, layer: int, block: int, block_tokens: int) -> np.ndarray:
     """K[l][:, i*B:(i+1)*B, :] as a view, [kv_heads][B][head_dim]."""
     if cache.ndim != 4:
         raise CodecError(f"a cache is [layers][kv_heads][tokens][head_dim], got {cache.shape}")
@@ -68,7 +69,7 @@ def section(cache: np.ndarray, layer: int, block: int, block_tokens: int) -> np.
     return cache[layer, :, start:start + block_tokens, :]
 
 
-def raw_section(cache: np.ndarray, layer: int, block: int, block_tokens: int) -> bytes:
+def raw_section(cache: KvArray, layer: int, block: int, block_tokens: int) -> bytes:
     """The raw K (or V) section of block ``block`` in layer ``layer`` (KVSP-PROFILE 5)."""
     return le_bytes(section(cache, layer, block, block_tokens))
 

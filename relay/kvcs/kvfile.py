@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from .codecs import le_bytes, raw_section
 from .descriptor import DTYPES, Descriptor
 from .errors import DescriptorError, KvFileError, TokenError
 from .identifiers import tokens_be
+from .layered import KvArray
 from .registry import Component
 
 # safetensors dtype names for the descriptor's dtypes
@@ -35,35 +37,60 @@ _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
 _ALIGN = 8
 
 
-def write_kvfile(path: str | os.PathLike[str], k: np.ndarray, v: np.ndarray,
-                 descriptor: Descriptor, tokens: Sequence[int] | np.ndarray | None = None
-                 ) -> None:
-    """Write K and V ([layers][kv_heads][tokens][head_dim], descriptor's dtype)."""
-    _check_arrays(k, v, descriptor)
+def _head(shape: tuple[int, ...], descriptor: Descriptor,
+          tokens: Sequence[int] | np.ndarray | None) -> bytes:
+    """Length and JSON header of a file holding K and V shaped ``shape``."""
     metadata = {"kvcs.compat": descriptor.canonical_json().decode("utf-8")}
     if tokens is not None:
         tokens_be(tokens)  # range check
         metadata["kvcs.tokens"] = json.dumps([int(t) for t in tokens], separators=(",", ":"))
     st = ST_DTYPES[descriptor.dtype_name]
-    size = k.nbytes
+    size = int(np.prod(shape)) * descriptor.dtype.itemsize
     header: dict[str, Any] = {
         "__metadata__": metadata,
-        "k": {"dtype": st, "shape": list(k.shape), "data_offsets": [0, size]},
-        "v": {"dtype": st, "shape": list(v.shape), "data_offsets": [size, 2 * size]},
+        "k": {"dtype": st, "shape": list(shape), "data_offsets": [0, size]},
+        "v": {"dtype": st, "shape": list(shape), "data_offsets": [size, 2 * size]},
     }
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     # Pad with spaces so the data area starts 8-aligned, as safetensors writers do.
     text += b" " * (-(8 + len(text)) % _ALIGN)
+    return struct.pack("<Q", len(text)) + text
+
+
+def write_kvfile(path: str | os.PathLike[str], k: KvArray, v: KvArray,
+                 descriptor: Descriptor, tokens: Sequence[int] | np.ndarray | None = None
+                 ) -> None:
+    """Write K and V ([layers][kv_heads][tokens][head_dim], descriptor's dtype)."""
+    _check_arrays(k, v, descriptor)
+    head = _head(k.shape, descriptor, tokens)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
+        f.write(head)
         for arr in (k, v):
             # One layer at a time keeps the temporary copy small for big caches.
             for layer in range(arr.shape[0]):
                 f.write(le_bytes(arr[layer]))
 
 
-def _check_arrays(k: np.ndarray, v: np.ndarray, d: Descriptor) -> None:
+def map_new_kvfile(path: str | os.PathLike[str], shape: tuple[int, int, int, int],
+                   descriptor: Descriptor, tokens: Sequence[int] | np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Create a KV file of zeros for K and V shaped ``shape`` and map its K and V for
+    writing: what is written into them is the file (write_kvfile's octets, without a
+    final copy). None on a big-endian host, whose arrays are not the file's octets."""
+    if sys.byteorder != "little":
+        return None
+    head = _head(shape, descriptor, tokens)
+    size = int(np.prod(shape)) * descriptor.dtype.itemsize
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(len(head) + 2 * size)  # sparse: zeros cost nothing until written
+    if size == 0:
+        return np.zeros(shape, descriptor.dtype), np.zeros(shape, descriptor.dtype)
+    return (np.memmap(path, descriptor.dtype, "r+", offset=len(head), shape=shape),
+            np.memmap(path, descriptor.dtype, "r+", offset=len(head) + size, shape=shape))
+
+
+def _check_arrays(k: KvArray, v: KvArray, d: Descriptor) -> None:
     for name, arr in (("k", k), ("v", v)):
         if arr.ndim != 4:
             raise KvFileError(f"{name} must be [layers][kv_heads][tokens][head_dim]")

@@ -16,8 +16,9 @@ ends the manifest track, because the plan knows that no segment follows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from .identifiers import (
     new_pub_id,
     scope_id,
 )
+from .layered import KvArray
 from .manifest import Manifest, SegmentEntry
 from .namespace import KvcsNamespace
 from .payload import encode_object
@@ -63,6 +65,9 @@ class PlannedObject:
     subgroup: int = 0
     ends_group: bool = False
     ends_track: bool = False
+    # Makes ``payload`` again, bit for bit, from the cache (data Objects): a publisher that
+    # answers a relay's FETCH later needs no copy of what it sent (peers/serving.py).
+    reload: Callable[[], bytes] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -79,14 +84,15 @@ def publisher_priority(group: int, layers: int) -> int:
 
 class PublicationPlan:
     """Everything one publication sends. ``k``/``v`` are [layers][kv_heads][tokens][head_dim]
-    arrays (numpy or memmaps, e.g. from kvfile); only full blocks are published.
+    arrays (numpy, memmaps from kvfile, or LayeredArrays made per layer); only full blocks
+    are published. Objects are made as they are iterated, so the plan holds no payloads.
 
     ``segment_blocks`` splits the blocks into prefill passes (default: one segment with every
     full block). ``signer`` = (private key, kid) publishes "manifest.cose" instead of
     "manifest".
     """
 
-    def __init__(self, k: np.ndarray, v: np.ndarray, descriptor: Descriptor, scope_key: bytes,
+    def __init__(self, k: KvArray, v: KvArray, descriptor: Descriptor, scope_key: bytes,
                  tokens: Sequence[int] | np.ndarray, *, pub_id: bytes | None = None,
                  segment_blocks: Sequence[int] | None = None,
                  tracks: Sequence[TrackSpec] = SPLIT_RAW, deterministic: bool = False,
@@ -172,7 +178,9 @@ class PublicationPlan:
                     digests.append(payload[36:68].hex())  # the header's Data Digest
                     yield PlannedObject(name, g, obj, priority, payload,
                                         ends_group=obj == layout.blocks - 1,
-                                        ends_track=obj == layout.blocks - 1 and g == L - 1)
+                                        ends_track=obj == layout.blocks - 1 and g == L - 1,
+                                        reload=functools.partial(
+                                            self._payload, spec, g, layout.first_block, obj))
                 entry.object_digests[name].append(digests)
             if g == L - 1:
                 entry.complete = True

@@ -45,13 +45,16 @@ class SegmentReassembler:
 
     ``blocks`` limits it to a prefix of the segment (5.3: Objects beyond are discarded);
     ``layers`` to a subset of layers (a partial retrieval); ``out_dtype`` is the dtype of the
-    arrays (default: the descriptor's; lossy codecs decode into it).
+    arrays (default: the descriptor's; lossy codecs decode into it). ``out`` = (k, v) are
+    arrays of that shape to fill instead of new ones, e.g. views into a consumer's output
+    covering every segment, so that the whole prefix is never held twice.
     """
 
     def __init__(self, manifest: Manifest, segment: int, tracks: Sequence[str], *,
                  blocks: int | None = None, layers: Iterable[int] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 out_dtype: np.dtype[Any] | type | None = None) -> None:
+                 out_dtype: np.dtype[Any] | type | None = None,
+                 out: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         if not 0 <= segment < len(manifest.segments):
             raise ReassemblyError(f"segment {segment} is not in the manifest")
         self.entry = manifest.segments[segment]
@@ -72,9 +75,14 @@ class SegmentReassembler:
         self.clock = clock
         dtype = np.dtype(out_dtype) if out_dtype is not None else d.dtype
         shape = (d.layers, d.kv_heads, self.blocks * d.block_tokens, d.head_dim)
-        # np.zeros leaves untouched layers as unbacked pages, so a layer subset costs little.
-        self.k = np.zeros(shape, dtype)
-        self.v = np.zeros(shape, dtype)
+        if out is not None:
+            if any(a.shape != shape or a.dtype != dtype for a in out):
+                raise ReassemblyError(f"out arrays must be {shape} of {dtype}")
+            self.k, self.v = out
+        else:
+            # np.zeros leaves untouched layers as unbacked pages: a layer subset costs little.
+            self.k = np.zeros(shape, dtype)
+            self.v = np.zeros(shape, dtype)
         self._have: dict[tuple[str, int], set[int]] = {
             (str(t), g): set() for t in self.tracks for g in self.layers}
         self.layer_ready_at: dict[int, float] = {}

@@ -23,7 +23,7 @@ from relay.kvcs.errors import KvcsError
 from relay.kvcs.kvfile import read_kvfile, write_kvfile
 from relay.kvcs.plan import SPLIT_RAW, PublicationPlan, TrackSpec
 from relay.kvcs.registry import Codec, Component
-from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
+from relay.kvcs.synthetic import synthetic_descriptor, synthetic_layers, synthetic_tokens
 from relay.session.errors import SessionFailure
 from relay.session.tokens import read_token_file
 from relay.transport import TransportError
@@ -40,6 +40,7 @@ from .connect import PEER_SETTINGS, RelayAccess
 from .engine_options import engine_options
 from .errors import EXIT_ERROR, EXIT_USAGE, PeerError
 from .inputs import format_namespace, load_descriptor, load_key, load_tokens, parse_namespace_text
+from .output import OutputFile
 from .progress import Progress
 
 EXIT_CODES_HELP = """\b
@@ -261,7 +262,8 @@ def publish(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
         assert synthetic is not None
         layers, heads, dim, ntok, dtype, seed = _parse_synthetic(synthetic)
         try:
-            k, v = synthetic_kv(layers, heads, dim, ntok, dtype, seed)
+            # made layer by layer as published: the process never holds the whole cache
+            k, v = synthetic_layers(layers, heads, dim, ntok, dtype, seed)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--synthetic") from None
         desc = desc or synthetic_descriptor(layers, heads, dim, dtype, block_tokens)
@@ -387,6 +389,10 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
                            recompute_ms_per_layer=recompute_ms_per_layer,
                            discovery_window=window, stall_timeout=stall_ms / 1000,
                            deadline=deadline_ms / 1000, connections=connections)
+    output = OutputFile(out, desc, opts.tokens) if out is not None else None
+    if output is not None:  # filled as Objects arrive, in place when the retrieval ends
+        opts.allocate = output.allocate
+        opts.deliver = lambda res: output.write(res.k, res.v, res.tokens)
     progress = Progress("subscribe" if mode == "live" else "fetch", quiet=quiet)
     opts.progress = progress.retrieval
     t0 = time.perf_counter()
@@ -400,9 +406,9 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
         raise
     finally:
         progress.close()
+        if output is not None:
+            output.discard()  # what a failed retrieval left (renamed away on success)
     fetch_ms = (time.perf_counter() - t0) * 1000
-    if out is not None:
-        write_kvfile(out, res.k, res.v, desc, res.tokens)
     if eng is not None:
         # Layers to recompute spoil the whole cache (each layer's K/V needs the layers below):
         # then the engine prefills the prompt itself.

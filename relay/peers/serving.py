@@ -8,13 +8,14 @@ with an upstream FETCH, and without an answer its consumers would get "unknown" 
 SUBSCRIBE is answered for ended Tracks only: while a Track is produced, the relay already
 receives it on our PUBLISH, and a second live copy would need a second writer per Object.
 An ended Track's SUBSCRIBE gets its fill (if asked) from what was written, then PUBLISH_DONE.
-Objects are kept as written (the plan's payloads), so this costs one copy of the cache for
-as long as the publisher is connected.
+Data Objects are not kept: each is made again from the cache (the plan's ``reload``: read
+back from the KV file's mapping, regenerated for a synthetic cache), so a connected publisher
+holds no copy of what it sent; only the small manifest versions are kept as written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from relay.kvcs.plan import PlannedObject
@@ -30,7 +31,9 @@ from relay.session import FetchWriter, IncomingFetch, IncomingSubscribe, Session
 class _Written:
     """One Track as written: payload Objects, where each Group ended, End of Track."""
 
-    objects: dict[Location, tuple[int, bytes]] = field(default_factory=dict)  # (prio, data)
+    # (priority, payload or what makes it again)
+    objects: dict[Location, tuple[int, bytes | Callable[[], bytes]]] = field(
+        default_factory=dict)
     group_ends: dict[int, int] = field(default_factory=dict)  # Group -> End of Group Object
     end: Location | None = None  # End of Track
 
@@ -62,7 +65,8 @@ class _Written:
     async def write(self, w: FetchWriter, locs: list[Location]) -> None:
         for loc in locs:
             prio, payload = self.objects[loc]
-            await w.write_object(loc.group, 0, loc.object, prio, payload)
+            await w.write_object(loc.group, 0, loc.object, prio,
+                                 payload() if callable(payload) else payload)
         await w.finish()
 
 
@@ -78,7 +82,7 @@ class PublishedTracks(SessionHandler):
 
     def wrote(self, namespace: TrackNamespace, obj: PlannedObject) -> None:
         t = self.tracks.setdefault(FullTrackName(namespace, obj.track.encode()), _Written())
-        t.objects[Location(obj.group, obj.object_id)] = (obj.priority, obj.payload)
+        t.objects[Location(obj.group, obj.object_id)] = (obj.priority, obj.reload or obj.payload)
         if obj.ends_group:
             t.group_ends[obj.group] = obj.object_id + 1
         if obj.ends_track:

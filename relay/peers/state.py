@@ -85,6 +85,13 @@ class RetrievalState:
     # The shortest request round trip seen (SETUP, FETCH_OK, SUBSCRIBE_OK), in seconds: what
     # one more request on this path costs at least, so recovery is never given less.
     rtt: float | None = None
+    # K and V of every reused block, in prompt order; each segment's reassembler fills its
+    # own token range (allocated at the first segment: np.zeros leaves untouched pages
+    # unbacked, so a prompt longer than what is reused costs nothing).
+    _out: tuple[np.ndarray, np.ndarray] | None = None
+    # Makes those two arrays, given their shape (default np.zeros): e.g. the mapped K and V
+    # of the output file, which then fills as Objects arrive (peers/output.py).
+    allocate: Callable[[tuple[int, int, int, int]], tuple[np.ndarray, np.ndarray]] | None = None
     _progress: asyncio.Event = field(default_factory=asyncio.Event)
     on_progress: Callable[[RetrievalState], None] | None = None  # e.g. a progress line
 
@@ -164,7 +171,7 @@ class RetrievalState:
                 self.stop_segments = True
                 break
             tracks = choose_tracks(entry, self.codec, self.joint)
-            reasm = Reassembler(manifest, entry.segment, tracks, blocks=use, clock=time.monotonic)
+            reasm = self.reassembler(manifest, entry, tracks, use)
             target = Target(entry, use, tracks, reasm, self.namespace.pub_id)
             self.targets[entry.segment] = target
             new.append(target)
@@ -173,6 +180,20 @@ class RetrievalState:
                 self.stop_segments = True  # the prompt diverges inside this segment
                 break
         return new
+
+    def reassembler(self, manifest: Manifest, entry: SegmentEntry, tracks: list[str],
+                    blocks: int) -> Reassembler:
+        """A segment's reassembler writing into its token range of the output arrays."""
+        d = self.descriptor
+        if self._out is None:
+            shape = (d.layers, d.kv_heads, len(self.keys) * d.block_tokens, d.head_dim)
+            self._out = self.allocate(shape) if self.allocate is not None else (
+                np.zeros(shape, d.dtype), np.zeros(shape, d.dtype))
+        span = slice(entry.first_block * d.block_tokens,
+                     (entry.first_block + blocks) * d.block_tokens)
+        out = (self._out[0][:, :, span], self._out[1][:, :, span])
+        return Reassembler(manifest, entry.segment, tracks, blocks=blocks,
+                           clock=time.monotonic, out=out)
 
     def _usable_blocks(self, entry: SegmentEntry) -> int:
         first, n = entry.first_block, entry.blocks
@@ -288,13 +309,13 @@ class RetrievalState:
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """K and V of the reused prefix; layers that are not usable are zero, so that
         nothing unverified (or withdrawn) ever reaches the output."""
-        parts = [self.targets[s] for s in sorted(self.targets)]
-        if not parts:
-            d = self.descriptor
+        d = self.descriptor
+        if not self.targets or self._out is None:
             shape = (d.layers, d.kv_heads, 0, d.head_dim)
             return np.zeros(shape, d.dtype), np.zeros(shape, d.dtype)
-        k = np.concatenate([t.reasm.k for t in parts], axis=2)
-        v = np.concatenate([t.reasm.v for t in parts], axis=2)
+        # Views, not a copy: the targets cover blocks 0..reused-1 in order (_extend_targets).
+        tokens = slice(0, self.reused_blocks() * d.block_tokens)
+        k, v = self._out[0][:, :, tokens], self._out[1][:, :, tokens]
         for g in self.missing_layers():
             k[g] = 0
             v[g] = 0

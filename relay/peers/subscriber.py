@@ -72,7 +72,7 @@ from .errors import (
 from .live import LiveRetrieval, await_listing
 from .report import build_report
 from .state import RetrievalState, Tamper, Target
-from .verification import ManifestRefused, ManifestVerifier, Reassembler
+from .verification import ManifestRefused, ManifestVerifier
 
 MODES = ("live", "completed")
 # Recovery gets at least this many round trips of the path (a retry on another relay costs a
@@ -110,6 +110,11 @@ class RetrieveOptions:
     # path move about N times as much (docs/deployment.md)
     connections: int = 1
     tamper: Tamper | None = None
+    # Called in a thread with the result while the sessions close (e.g. writing the output
+    # file): a closing client waits out QUIC's closing period, which need not delay it.
+    deliver: Callable[[Retrieval], None] | None = None
+    # Allocates the retrieval's K and V, given their shape (RetrievalState.allocate).
+    allocate: Callable[[tuple[int, int, int, int]], tuple[np.ndarray, np.ndarray]] | None = None
 
 
 @dataclass
@@ -159,9 +164,11 @@ class _Sessions:
         return [session, *extra]
 
     async def close(self) -> None:
-        for s in [*self.open.values(), *(x for ss in self.extra.values() for x in ss)]:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(s.aclose(), 5.0)
+        # drain=0: a consumer has nothing in flight worth waiting for (its requests are
+        # answered or abandoned), and the wait for the last ACKs delays the caller's output.
+        sessions = [*self.open.values(), *(x for ss in self.extra.values() for x in ss)]
+        await asyncio.gather(*(asyncio.wait_for(s.aclose(drain=0), 5.0) for s in sessions),
+                             return_exceptions=True)
 
 
 async def retrieve(opts: RetrieveOptions) -> Retrieval:
@@ -177,6 +184,7 @@ async def retrieve(opts: RetrieveOptions) -> Retrieval:
     state = RetrievalState(d, keys, opts.codec, opts.joint, opts.tamper, trusted,
                            require_listed=opts.require_cose)
     state.on_progress = opts.progress
+    state.allocate = opts.allocate
     if opts.deadline is not None:
         state.deadline = state.t0 + opts.deadline
     sessions = _Sessions(opts.access)
@@ -206,9 +214,17 @@ async def retrieve(opts: RetrieveOptions) -> Retrieval:
     except TimeoutError:
         state.deadline_passed = True
         state.decide("deadline", missing_layers=state.missing_layers())
-    finally:
+    except BaseException:
         await sessions.close()
-    return _result(opts, state, refusals)
+        raise
+    result = _result(opts, state, refusals)
+    closing = asyncio.ensure_future(sessions.close())  # never raises
+    try:
+        if opts.deliver is not None:
+            await asyncio.to_thread(opts.deliver, result)
+    finally:
+        await closing
+    return result
 
 
 async def _primary(opts: RetrieveOptions, state: RetrievalState, sessions: _Sessions,
@@ -364,8 +380,8 @@ def _switch(opts: RetrieveOptions, state: RetrievalState, ns: KvcsNamespace) -> 
     for seg, t in list(state.targets.items()):
         if not t.reasm.complete and not previous.deterministic:
             # 5.4: a segment never mixes non-deterministic publications: start it over.
-            state.targets[seg] = Target(t.entry, t.blocks, t.tracks, Reassembler(
-                previous, seg, t.tracks, blocks=t.blocks, clock=time.monotonic), ns.pub_id)
+            state.targets[seg] = Target(t.entry, t.blocks, t.tracks, state.reassembler(
+                previous, t.entry, t.tracks, t.blocks), ns.pub_id)
             state.decide("segment-restarted", segment=seg)
 
 

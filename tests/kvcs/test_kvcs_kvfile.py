@@ -14,7 +14,12 @@ from relay.kvcs.descriptor import DTYPES
 from relay.kvcs.errors import KvFileError
 from relay.kvcs.kvfile import KvFile, read_kvfile, write_kvfile
 from relay.kvcs.registry import Component
-from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
+from relay.kvcs.synthetic import (
+    synthetic_descriptor,
+    synthetic_kv,
+    synthetic_layers,
+    synthetic_tokens,
+)
 
 L, H, D, B, T = 3, 2, 8, 4, 13
 
@@ -152,6 +157,27 @@ def test_synthetic_is_deterministic_and_shaped() -> None:
     assert synthetic_tokens(3, seed=1) == synthetic_tokens(3, seed=1)
     with pytest.raises(ValueError, match="dtype"):
         synthetic_kv(1, 1, 1, 1, "int8")
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 5, 7, "float16"), (2, 3, 3, 3, "float32"),
+                                   (3, 2, 4, 3, "bfloat16"), (2, 1, 1, 1, "float8_e4m3fn")])
+def test_synthetic_layers_are_synthetic_kv_layer_by_layer(
+        shape: tuple[int, int, int, int, str], tmp_path: Path) -> None:
+    # odd element counts per layer too: a layer can start in the middle of a 64-bit word
+    k, v = synthetic_kv(*shape, seed=4)
+    lk, lv = synthetic_layers(*shape, seed=4)
+    assert (lk.shape, lk.dtype, lk.nbytes) == (k.shape, k.dtype, k.nbytes)
+    for layer in reversed(range(shape[0])):  # any order: each layer is made on its own
+        assert lk[layer].tobytes() == k[layer].tobytes()
+        assert lv[layer, :, 1:].tobytes() == v[layer, :, 1:].tobytes()
+    d = synthetic_descriptor(*shape[:3], shape[4])
+    write_kvfile(tmp_path / "a.kv", k, v, d)
+    write_kvfile(tmp_path / "b.kv", lk, lv, d)
+    assert (tmp_path / "a.kv").read_bytes() == (tmp_path / "b.kv").read_bytes()
+    with pytest.raises(IndexError):
+        lk[shape[0]]
+    with pytest.raises(ValueError, match="dtype"):
+        synthetic_layers(1, 1, 1, 1, "int8")
 
 
 PINNED = [0.3506242036819458, 0.13696163892745972, 0.011136472225189209, -0.23021334409713745]

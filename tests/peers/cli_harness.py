@@ -35,14 +35,16 @@ async def run_kvcs(*args: str, timeout: float) -> tuple[int, str, str]:
 
 
 @asynccontextmanager
-async def relay_process(data: Path, timeout: float) -> AsyncIterator[tuple[str, Path]]:
-    """A `kvcs relay` subprocess: yields its URL and certificate once it logged "ready".
+async def relay_process(data: Path, timeout: float, *extra: str
+                        ) -> AsyncIterator[tuple[str, Path]]:
+    """A `kvcs relay` subprocess (``extra``: more of its options): yields its URL and
+    certificate once it logged "ready".
     It binds a port of the kernel's choosing and names it in that line: a port picked here
     and handed over could be taken by another test process in between."""
     proc = await asyncio.create_subprocess_exec(
         *KVCS, "relay", "--listen", "127.0.0.1:0", "--data-dir", str(data),
         # no fixed metrics port: another relay on this machine may hold 9464
-        "--metrics-listen", "off",
+        "--metrics-listen", "off", *extra,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
     drain = None

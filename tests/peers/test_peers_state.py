@@ -211,6 +211,11 @@ def test_tracks_fall_back_to_raw_then_to_any_offered_selection() -> None:
     raw = ["k.raw.s0", "v.raw.s0"]
     assert entry.tracks == raw
     assert choose_tracks(entry, "raw", False) == raw
+    assert replay(p, [_first_manifest(p)], {}).targets[0].tracks == raw
+    both = dataclasses.replace(entry, tracks=["kv.raw.s0", *raw])
+    assert choose_tracks(both, "raw", True) == ["kv.raw.s0"]  # the joint one, as asked
+    zstd = dataclasses.replace(entry, tracks=["k.zstd.s0", "v.zstd.s0"])
+    assert choose_tracks(zstd, "int8", True) == ["k.zstd.s0", "v.zstd.s0"]
     assert choose_tracks(entry, "zstd", True) == raw  # not offered: raw k+v
     joint = dataclasses.replace(entry, tracks=["kv.zstd.s0"])
     assert choose_tracks(joint, "raw", False) == ["kv.zstd.s0"]  # the one implemented one
@@ -291,6 +296,11 @@ def test_what_each_object_does_to_the_layer_statistics() -> None:
     assert all(r.startswith(f"{URL} {broken.track} 0/0: ") for r in other.discard_reasons)
     other.on_object(URL, other.targets[0], broken.track, p.descriptor.layers, 0, b"")
     assert p.descriptor.layers not in other.layers
+    # every layer's Objects of the one block used: the retrieval is complete without block 1
+    for o in objects:
+        if o.track != p.manifest_track and o.object_id == 0 and o.group > 0:
+            state.on_object(URL, target, o.track, o.group, o.object_id, o.payload)
+    assert state.complete and state.missing_layers() == []
 
 
 def test_objects_not_listed_yet_are_reported_only_when_listing_is_required() -> None:
@@ -347,26 +357,36 @@ def test_segments_are_taken_in_order_as_far_as_the_prompt_matches() -> None:
     empty_k, empty_v = RetrievalState(p.descriptor, p.block_keys).arrays()
     assert empty_k.dtype == empty_v.dtype == c.k.dtype
     # a prompt that matches the first segment only, vouched for up to block 2
-    for keys, trusted, blocks in ((p.block_keys[:1], None, [1]), (p.block_keys[:2], 5, [1, 1]),
-                                  (plan(cache(blocks=3, seed=2)).block_keys, 2, [1, 1])):
-        partial = RetrievalState(p.descriptor, keys, trusted_blocks=trusted)
-        partial.use_publication(p.namespace, ManifestVerifier(p.namespace, p.descriptor))
-        for o in p.objects():
-            if o.track == p.manifest_track:
-                partial.on_manifest(o.track, o.group, o.payload)
+    other = plan(cache(blocks=3, seed=2)).block_keys
+    uneven = plan(c, segment_blocks=[1, 2])
+    for q, keys, trusted, blocks, latest_only in (
+            (p, p.block_keys[:1], None, [1], False), (p, p.block_keys[:2], 5, [1, 1], False),
+            (p, other, 2, [1, 1], False), (p, p.block_keys, None, [1, 1, 1], True),
+            (uneven, other, 2, [1, 1], True)):
+        partial = RetrievalState(q.descriptor, keys, trusted_blocks=trusted)
+        partial.use_publication(q.namespace, ManifestVerifier(q.namespace, q.descriptor))
+        versions = [o for o in q.objects() if o.track == q.manifest_track]
+        new = [t for o in (versions[-1:] if latest_only else versions)
+               for t in partial.on_manifest(o.track, o.group, o.payload)]
+        assert new == list(partial.targets.values())  # each target returned once, when new
         assert [t.blocks for t in partial.targets.values()] == blocks
 
 
 def test_a_second_publication_must_lay_out_its_segments_the_same_way() -> None:
     c = cache(blocks=2)
     first = plan(c)
-    state = replay(first, first.objects()[:1], {})
+    mine = next(o for o in first.objects() if o.track != first.manifest_track)
+    state = replay(first, [*first.objects()[:1], mine], {})
     assert list(state.targets) == [0]
     same = plan(c)
     assert same.namespace.pub_id != first.namespace.pub_id
     state.use_publication(same.namespace, ManifestVerifier(same.namespace, same.descriptor))
     m = next(o for o in reversed(same.objects()) if o.track == same.manifest_track)
     assert state.on_manifest(m.track, m.group, m.payload) == []  # same blocks: kept
+    # an Object of the other (not deterministic) publication in the first one's segment (5.4)
+    o = next(o for o in same.objects() if o.track != same.manifest_track and o.group == 1)
+    state.on_object(URL, state.targets[0], o.track, o.group, o.object_id, o.payload)
+    assert state.layers[1].discarded == 1 and "another publication" in state.discard_reasons[0]
     other = plan(c, segment_blocks=[1, 1])
     state.use_publication(other.namespace, ManifestVerifier(other.namespace, other.descriptor))
     m = next(o for o in reversed(other.objects()) if o.track == other.manifest_track)

@@ -203,7 +203,8 @@ def test_map_grows_then_evicts_then_reports_full(tmp_path: Path) -> None:
     for i in range(12):
         store.commit_track(track_key(i), groups)
     stats = store.stats()
-    assert stats["map_size"] == 2 << 20  # grew to the limit
+    assert stats["map_size"] == stats["map_limit"] == 2 << 20  # grew to the limit
+    assert stats["capacity"] == 1 << 30
     assert stats["evicted_tracks"] > 0  # then made room by evicting least recently used
     kept = store.tracks()
     assert kept and kept[-1] == track_key(11)
@@ -345,6 +346,24 @@ def test_submit_passes_keyword_arguments_to_the_writer(tmp_path: Path) -> None:
     with store.session() as s:
         assert s.properties(track_key(0)) == b"\x0e\x01p"
     store.close()
+
+
+@pytest.mark.parametrize("error", [lmdb.Error("no lock"), StorageFullError("full")])
+def test_close_survives_a_use_order_it_cannot_write(tmp_path: Path, error: Exception,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The use order is advisory: failing to persist it never fails a close."""
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    store.commit_track(track_key(0), full_track([1]))
+    assert store.info(track_key(0)) is not None  # a use to persist
+
+    def fail() -> None:
+        raise error
+
+    monkeypatch.setattr(store, "_flush_usage", fail)
+    store.close()
+    monkeypatch.undo()
+    with LmdbStore(tmp_path, capacity=1 << 20) as again:
+        assert again.tracks() == [track_key(0)]
 
 
 def test_read_session_lifetime_is_explicit(tmp_path: Path) -> None:

@@ -4,13 +4,18 @@ COSE manifest with and without producer keys, and withdrawing a block."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import time
+
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from peers_helpers import cache, plan
 
 from relay.kvcs.cose import KeyStore
+from relay.kvcs.errors import KvcsError
 from relay.kvcs.plan import PlannedObject, PublicationPlan
-from relay.peers.state import RetrievalState
+from relay.peers.state import RetrievalState, choose_tracks
 from relay.peers.verification import ManifestRefused, ManifestVerifier, check_object
 
 URL = "moqt://127.0.0.1:1/"
@@ -27,7 +32,8 @@ def replay(p: PublicationPlan, objects: list[PlannedObject],
         if o.track == p.manifest_track:
             state.on_manifest(o.track, o.group, payload)
         else:
-            state.on_object(URL, state.targets[0], o.track, o.group, o.object_id, payload)
+            segment = int(o.track.rsplit(".s", 1)[1])  # data tracks end in .s<segment>
+            state.on_object(URL, state.targets[segment], o.track, o.group, o.object_id, payload)
     return state
 
 
@@ -160,3 +166,229 @@ def test_a_version_rechecks_what_it_lists_whatever_the_arrival_order() -> None:
     # layer 2 is not listed yet: still held, still waiting for its re-check
     assert {k[2] for k in state.unlisted} == {2}
     assert all(state.targets[0].reasm.has(o.track, o.group, o.object_id) for o in by_layer[2])
+
+
+def test_the_shortest_round_trip_is_kept() -> None:
+    p = plan(cache(blocks=1))
+    state = RetrievalState(p.descriptor, p.block_keys)
+    assert state.rtt is None
+    for seconds in (0.5, 0.2, 0.3, 0.2):
+        state.note_rtt(seconds)
+    assert state.rtt == 0.2
+
+
+def test_the_fill_timeout_is_what_is_left_before_the_deadline() -> None:
+    p = plan(cache(blocks=1))
+    state = RetrievalState(p.descriptor, p.block_keys)
+    assert state.remaining() is None and state.fill_timeout_ms() is None
+    state.deadline = time.monotonic() - 1.0  # passed: nothing left, never negative
+    assert state.remaining() == 0.0 and state.fill_timeout_ms() == 0
+    state.deadline = time.monotonic() + 10.0
+    left, fill = state.remaining(), state.fill_timeout_ms()
+    assert left is not None and 9.0 < left <= 10.0
+    assert fill is not None and 9000 < fill <= 10000
+
+
+async def test_progress_wakes_a_waiter_and_calls_the_progress_hook() -> None:
+    p = plan(cache(blocks=1))
+    seen: list[RetrievalState] = []
+    state = RetrievalState(p.descriptor, p.block_keys, on_progress=seen.append)
+    # wait_progress is itself bounded (asyncio.wait_for inside)
+    assert await state.wait_progress(0.01) is False  # nothing happened
+    # awaited directly, the waiter holds the current event before bump() runs (a progress
+    # made before anyone waits wakes no later waiter)
+    asyncio.get_running_loop().call_soon(state.bump)
+    assert await state.wait_progress(5) is True
+    assert seen == [state]
+    state.decide("retry", relay=URL)
+    assert state.decisions[-1]["action"] == "retry" and state.decisions[-1]["relay"] == URL
+    assert 0 <= state.decisions[-1]["t_ms"] <= state.elapsed_ms()
+
+
+def test_tracks_fall_back_to_raw_then_to_any_offered_selection() -> None:
+    p = plan(cache(blocks=1))
+    entry = replay(p, [_first_manifest(p)], {}).targets[0].entry
+    raw = ["k.raw.s0", "v.raw.s0"]
+    assert entry.tracks == raw
+    assert choose_tracks(entry, "raw", False) == raw
+    assert replay(p, [_first_manifest(p)], {}).targets[0].tracks == raw
+    both = dataclasses.replace(entry, tracks=["kv.raw.s0", *raw])
+    assert choose_tracks(both, "raw", True) == ["kv.raw.s0"]  # the joint one, as asked
+    zstd = dataclasses.replace(entry, tracks=["k.zstd.s0", "v.zstd.s0"])
+    assert choose_tracks(zstd, "int8", True) == ["k.zstd.s0", "v.zstd.s0"]
+    assert choose_tracks(entry, "zstd", True) == raw  # not offered: raw k+v
+    joint = dataclasses.replace(entry, tracks=["kv.zstd.s0"])
+    assert choose_tracks(joint, "raw", False) == ["kv.zstd.s0"]  # the one implemented one
+    with pytest.raises(KvcsError, match="no selection"):
+        choose_tracks(dataclasses.replace(entry, tracks=["k.raw.s0"]), "raw", False)
+
+
+def test_an_index_record_vouches_for_blocks_whose_keys_differ() -> None:
+    """Block Keys of another prompt: a segment is used only as far as a trusted index record
+    vouches for it, and no later segment is looked for."""
+    p = plan(cache(blocks=3), segment_blocks=[2, 1])
+    other = plan(cache(blocks=3, seed=2)).block_keys
+    manifest = next(o for o in reversed(p.objects()) if o.track == p.manifest_track)
+    for trusted, blocks in ((None, []), (1, [1]), (5, [2, 1])):
+        state = RetrievalState(p.descriptor, other, trusted_blocks=trusted)
+        state.use_publication(p.namespace, ManifestVerifier(p.namespace, p.descriptor))
+        state.on_manifest(manifest.track, manifest.group, manifest.payload)
+        assert [t.blocks for t in state.targets.values()] == blocks
+        assert state.reused_blocks() == sum(blocks)
+        assert not state.wants_more_segments()
+
+
+def test_layers_not_usable_are_zero_in_the_arrays() -> None:
+    c = cache(blocks=2)
+    p = plan(c)
+    empty = RetrievalState(p.descriptor, p.block_keys)
+    k, v = empty.arrays()
+    assert k.shape == v.shape == (p.descriptor.layers, p.descriptor.kv_heads, 0,
+                                  p.descriptor.head_dim)
+    objects = p.objects()
+    whole = replay(p, objects, {})
+    assert whole.missing_layers() == [] and whole.reused_blocks() == 2
+    assert [a.tobytes() for a in whole.arrays()] == [c.k.tobytes(), c.v.tobytes()]
+    # layer 1 of one track never arrives: that layer is missing and zero in both arrays
+    lost = next(o for o in objects if o.track != p.manifest_track and o.group == 1)
+    partial = replay(p, [o for o in objects if o is not lost], {})
+    assert partial.missing_layers() == [1] and not partial.complete
+    k, v = partial.arrays()
+    assert not k[1].any() and not v[1].any()
+    assert k[0].tobytes() == c.k[0].tobytes() and v[2].tobytes() == c.v[2].tobytes()
+
+
+def test_what_each_object_does_to_the_layer_statistics() -> None:
+    """Beyond the blocks used, again, broken, genuine: each counted once, in its place; the
+    tamper hook sees exactly what arrived; End of Track's Group is no layer."""
+    p = plan(cache(blocks=2))
+    objects = p.objects()
+    seen: list[tuple[str, str, int, int, bytes]] = []
+
+    def tamper(relay: str, track: str, group: int, obj: int, payload: bytes) -> bytes:
+        seen.append((relay, track, group, obj, payload))
+        return payload
+
+    # another prompt, vouched for up to block 1: 1 of the segment's 2 blocks is used
+    other_keys = plan(cache(blocks=2, seed=2)).block_keys
+    state = RetrievalState(p.descriptor, other_keys, tamper=tamper, trusted_blocks=1)
+    state.use_publication(p.namespace, ManifestVerifier(p.namespace, p.descriptor))
+    new = state.on_manifest(objects[0].track, objects[0].group, objects[0].payload)
+    assert new == [state.targets[0]] and state.targets[0].blocks == 1
+    target = state.targets[0]
+    data = [o for o in objects if o.track != p.manifest_track and o.group == 0]
+    used = [o for o in data if o.object_id == 0]
+    beyond = [o for o in data if o.object_id == 1]
+    for o in [*used, *used, *used, *beyond, *beyond]:
+        state.on_object(URL, target, o.track, o.group, o.object_id, o.payload)
+    stats = state.layers[0]
+    assert (stats.verified, stats.discarded, state.duplicates) == (len(used), 2 * len(beyond),
+                                                                   2 * len(used))
+    assert stats.bytes == sum(len(o.payload) for o in used)
+    assert seen == [(URL, o.track, 0, 0, bytes(o.payload)) for o in used]
+    broken = used[0]
+    other = RetrievalState(p.descriptor, p.block_keys)
+    other.use_publication(p.namespace, ManifestVerifier(p.namespace, p.descriptor))
+    other.on_manifest(objects[0].track, objects[0].group, objects[0].payload)
+    for i in range(52):
+        other.on_object(URL, other.targets[0], broken.track, 0, 0, b"broken %d" % i)
+    assert other.layers[0].discarded == 52 and len(other.discard_reasons) == 50
+    assert all(r.startswith(f"{URL} {broken.track} 0/0: ") for r in other.discard_reasons)
+    other.on_object(URL, other.targets[0], broken.track, p.descriptor.layers, 0, b"")
+    assert p.descriptor.layers not in other.layers
+    # every layer's Objects of the one block used: the retrieval is complete without block 1
+    for o in objects:
+        if o.track != p.manifest_track and o.object_id == 0 and o.group > 0:
+            state.on_object(URL, target, o.track, o.group, o.object_id, o.payload)
+    assert state.complete and state.missing_layers() == []
+
+
+def test_objects_not_listed_yet_are_reported_only_when_listing_is_required() -> None:
+    p = plan(cache(blocks=2), manifest_every=2)
+    objects = p.objects()
+    last = max(i for i, o in enumerate(objects) if o.track == p.manifest_track)
+    for required in (False, True):
+        state = replay(p, objects[:last], {})
+        state.require_listed = required
+        pending = sorted(state.unlisted)
+        assert pending
+        if required:
+            assert state.unverified_layers() == {k[2] for k in pending}
+            assert state.unverified_objects() == [f"s{s} {t} {g}/{o}" for s, t, g, o in pending]
+            assert not state.complete
+        else:
+            assert state.unverified_layers() == set() and state.unverified_objects() == []
+        usable = state.usable_layers()
+        for g, ms in usable.items():
+            ready = max(t.reasm.layer_ready_at[g] for t in state.targets.values())
+            assert ms == (ready - state.t0) * 1000
+
+
+def test_elapsed_time_and_decisions_are_in_milliseconds() -> None:
+    p = plan(cache(blocks=1))
+    state = RetrievalState(p.descriptor, p.block_keys, t0=time.monotonic() - 100.0)
+    state.decide("give up")
+    t_ms = state.decisions[-1]["t_ms"]
+    assert 100_000 <= t_ms <= state.elapsed_ms() < 100_000 + 60_000
+    assert abs(t_ms * 100 - round(t_ms * 100)) < 1e-6  # two decimals
+
+
+def test_a_new_publication_starts_with_fresh_segment_flags() -> None:
+    p = plan(cache(blocks=2))
+    state = RetrievalState(p.descriptor, p.block_keys)
+    state.manifest_final = state.stop_segments = True
+    state.use_publication(p.namespace, ManifestVerifier(p.namespace, p.descriptor))
+    assert state.wants_more_segments()
+
+
+def test_segments_are_taken_in_order_as_far_as_the_prompt_matches() -> None:
+    """Three segments: each new manifest version adds the next; a signed publication is read
+    through its COSE track; the arrays join the segments along the token axis."""
+    c = cache(blocks=3)
+    p = plan(c, segment_blocks=[1, 1, 1],
+             signer=(ed25519.Ed25519PrivateKey.generate(), b"ed"))
+    state = replay(p, p.objects(), {})
+    assert [t.entry.segment for t in state.targets.values()] == [0, 1, 2]
+    assert all(t.pub_id == p.namespace.pub_id for t in state.targets.values())
+    assert state.complete and state.reused_blocks() == 3 and state.verifier is not None
+    assert state.verifier.signed
+    k, v = state.arrays()
+    assert k.dtype == c.k.dtype and [k.tobytes(), v.tobytes()] == [c.k.tobytes(), c.v.tobytes()]
+    empty_k, empty_v = RetrievalState(p.descriptor, p.block_keys).arrays()
+    assert empty_k.dtype == empty_v.dtype == c.k.dtype
+    # a prompt that matches the first segment only, vouched for up to block 2
+    other = plan(cache(blocks=3, seed=2)).block_keys
+    uneven = plan(c, segment_blocks=[1, 2])
+    for q, keys, trusted, blocks, latest_only in (
+            (p, p.block_keys[:1], None, [1], False), (p, p.block_keys[:2], 5, [1, 1], False),
+            (p, other, 2, [1, 1], False), (p, p.block_keys, None, [1, 1, 1], True),
+            (uneven, other, 2, [1, 1], True)):
+        partial = RetrievalState(q.descriptor, keys, trusted_blocks=trusted)
+        partial.use_publication(q.namespace, ManifestVerifier(q.namespace, q.descriptor))
+        versions = [o for o in q.objects() if o.track == q.manifest_track]
+        new = [t for o in (versions[-1:] if latest_only else versions)
+               for t in partial.on_manifest(o.track, o.group, o.payload)]
+        assert new == list(partial.targets.values())  # each target returned once, when new
+        assert [t.blocks for t in partial.targets.values()] == blocks
+
+
+def test_a_second_publication_must_lay_out_its_segments_the_same_way() -> None:
+    c = cache(blocks=2)
+    first = plan(c)
+    mine = next(o for o in first.objects() if o.track != first.manifest_track)
+    state = replay(first, [*first.objects()[:1], mine], {})
+    assert list(state.targets) == [0]
+    same = plan(c)
+    assert same.namespace.pub_id != first.namespace.pub_id
+    state.use_publication(same.namespace, ManifestVerifier(same.namespace, same.descriptor))
+    m = next(o for o in reversed(same.objects()) if o.track == same.manifest_track)
+    assert state.on_manifest(m.track, m.group, m.payload) == []  # same blocks: kept
+    # an Object of the other (not deterministic) publication in the first one's segment (5.4)
+    o = next(o for o in same.objects() if o.track != same.manifest_track and o.group == 1)
+    state.on_object(URL, state.targets[0], o.track, o.group, o.object_id, o.payload)
+    assert state.layers[1].discarded == 1 and "another publication" in state.discard_reasons[0]
+    other = plan(c, segment_blocks=[1, 1])
+    state.use_publication(other.namespace, ManifestVerifier(other.namespace, other.descriptor))
+    m = next(o for o in reversed(other.objects()) if o.track == other.manifest_track)
+    with pytest.raises(KvcsError, match="covers other blocks"):
+        state.on_manifest(m.track, m.group, m.payload)

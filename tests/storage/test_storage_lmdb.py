@@ -7,9 +7,10 @@ from pathlib import Path
 import lmdb
 import pytest
 from fake_clock import Clock
-from storage_helpers import describe, flat, full_track, track_key
+from storage_helpers import describe, flat, full_track, reference_walk, track_key
 
 from storage.interface import (
+    GroupOrder,
     IncompleteTrackError,
     Location,
     ObjectStatus,
@@ -124,6 +125,35 @@ def test_track_larger_than_capacity_is_refused(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_track_of_exactly_the_capacity_fits(tmp_path: Path) -> None:
+    groups = full_track([8], size=2 * KiB)
+    size = LmdbStore(tmp_path / "probe", capacity=1 << 20).commit_track(track_key(0), groups)
+    store = LmdbStore(tmp_path / "db", capacity=size)
+    assert store.commit_track(track_key(0), groups) == size == store.bytes_used
+    store.close()
+
+
+def test_a_byte_counter_that_is_off_heals_on_the_next_commit(tmp_path: Path) -> None:
+    """Counted bytes with no track left to evict (a counter written wrong): the commit
+    starts again from zero instead of refusing every track."""
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    with store._env.begin(write=True) as txn:
+        txn.put(b"bytes", (1 << 30).to_bytes(8, "big"))
+    size = store.commit_track(track_key(0), full_track([2]))
+    assert size > 0 and store.bytes_used == size
+    store.close()
+
+
+def test_max_age_counts_from_the_creation_time_given(tmp_path: Path) -> None:
+    clock = Clock()
+    store = LmdbStore(tmp_path, capacity=1 << 20, max_age=60.0, clock=clock)
+    store.commit_track(track_key(0), full_track([1]), created=clock.now - 50)
+    assert store.next_expiry() == clock.now + 10
+    clock.now += 10
+    assert store.info(track_key(0)) is None
+    store.close()
+
+
 def test_max_age_with_injected_clock(tmp_path: Path) -> None:
     clock = Clock()
     store = LmdbStore(tmp_path, capacity=1 << 20, max_age=60.0, clock=clock)
@@ -173,10 +203,12 @@ def test_map_grows_then_evicts_then_reports_full(tmp_path: Path) -> None:
     for i in range(12):
         store.commit_track(track_key(i), groups)
     stats = store.stats()
-    assert stats["map_size"] == 2 << 20  # grew to the limit
+    assert stats["map_size"] == stats["map_limit"] == 2 << 20  # grew to the limit
+    assert stats["capacity"] == 1 << 30
     assert stats["evicted_tracks"] > 0  # then made room by evicting least recently used
     kept = store.tracks()
     assert kept and kept[-1] == track_key(11)
+    assert stats["evicted_tracks"] == 12 - len(kept)  # each track evicted counted once
     for t in kept:
         assert _stored(store, t) == describe(flat(groups))
     with pytest.raises(StorageFullError):
@@ -202,7 +234,8 @@ def test_map_grows_only_once_no_read_session_is_open(tmp_path: Path) -> None:
         assert bytes(next(view.objects()).payload) == bytes(full_track([1])[0][0].payload)
         assert store.stats()["map_size"] == 128 * KiB
     store.commit_track(track_key(1), full_track([16], size=32 * KiB))  # now it may grow
-    assert store.stats()["map_size"] > 128 * KiB
+    grown = store.stats()["map_size"] // (128 * KiB)
+    assert grown > 1 and grown & (grown - 1) == 0  # doubled, as often as needed
     store.close()
 
 
@@ -285,6 +318,54 @@ def test_disk_full_becomes_storage_full(tmp_path: Path, monkeypatch: pytest.Monk
     store.close()
 
 
+def test_a_first_commit_that_fails_leaves_an_empty_store(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing was ever written: after the abort the counters are those of an empty store."""
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    real_put = store._put_counters
+
+    def fail(*args: object) -> None:
+        raise lmdb.DiskError("No space left on device")
+
+    monkeypatch.setattr(store, "_put_counters", fail)
+    with pytest.raises(StorageFullError, match="disk full"):
+        store.commit_track(track_key(0), full_track([2]))
+    assert store.bytes_used == 0 and store.tracks() == []
+    monkeypatch.setattr(store, "_put_counters", real_put)
+    assert store.commit_track(track_key(0), full_track([2])) == store.bytes_used > 0
+    store.close()
+
+
+def test_submit_passes_keyword_arguments_to_the_writer(tmp_path: Path) -> None:
+    """The relay commits through submit() with keywords (its Track Properties, its expiry)."""
+    clock = Clock()
+    store = LmdbStore(tmp_path, capacity=1 << 20, clock=clock)
+    n = store.submit(store.commit_track, track_key(0), full_track([1]),
+                     properties=b"\x0e\x01p", expires_at=clock.now + 5).result(10.0)
+    assert n > 0 and store.next_expiry() == clock.now + 5
+    with store.session() as s:
+        assert s.properties(track_key(0)) == b"\x0e\x01p"
+    store.close()
+
+
+@pytest.mark.parametrize("error", [lmdb.Error("no lock"), StorageFullError("full")])
+def test_close_survives_a_use_order_it_cannot_write(tmp_path: Path, error: Exception,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The use order is advisory: failing to persist it never fails a close."""
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    store.commit_track(track_key(0), full_track([1]))
+    assert store.info(track_key(0)) is not None  # a use to persist
+
+    def fail() -> None:
+        raise error
+
+    monkeypatch.setattr(store, "_flush_usage", fail)
+    store.close()
+    monkeypatch.undo()
+    with LmdbStore(tmp_path, capacity=1 << 20) as again:
+        assert again.tracks() == [track_key(0)]
+
+
 def test_read_session_lifetime_is_explicit(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path, capacity=1 << 20)
     groups = full_track([3], size=100)
@@ -303,10 +384,77 @@ def test_read_session_lifetime_is_explicit(tmp_path: Path) -> None:
 def test_delete_track(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path, capacity=1 << 20)
     store.commit_track(track_key(0), full_track([2]))
-    store.commit_track(track_key(1), full_track([2]))
+    # of another size than the deleted one: what is left is counted, not what was removed
+    store.commit_track(track_key(1), full_track([5]))
     assert store.delete_track(track_key(0)) and not store.delete_track(track_key(0))
     assert store.tracks() == [track_key(1)]
     assert store.bytes_used == store.info(track_key(1)).nbytes  # type: ignore[union-attr]
+    store.close()
+
+
+def _rows(store: LmdbStore) -> dict[str, int]:
+    """Entries per table: a track removed by any path must leave none of its rows."""
+    tables = {"names": store._names, "tracks": store._tracks, "props": store._props,
+              "expiry": store._expiry, "groups": store._groups, "lru": store._lru}
+    with store._reading() as txn:
+        return {name: txn.stat(db)["entries"] for name, db in tables.items()}
+
+
+def test_a_track_removed_by_delete_eviction_or_expiry_leaves_no_row(tmp_path: Path) -> None:
+    clock = Clock()
+    groups = full_track([2, 2], size=KiB)
+    size = LmdbStore(tmp_path / "probe", capacity=1 << 20).commit_track(track_key(9), groups)
+    store = LmdbStore(tmp_path / "db", capacity=2 * size, clock=clock)
+    for i in range(3):  # the third evicts the first
+        store.commit_track(track_key(i), groups, properties=b"\x0e\x01p",
+                           expires_at=clock.now + 10 + i)
+    assert store.tracks() == [track_key(1), track_key(2)]
+    assert store.delete_track(track_key(1))
+    clock.now += 20
+    assert store.expire() == 1
+    assert _rows(store) == dict.fromkeys(
+        ("names", "tracks", "props", "expiry", "groups", "lru"), 0)
+    assert store.bytes_used == 0 and store.stats()["evicted_tracks"] == 1
+    store.close()
+
+
+def test_a_read_session_knows_a_committed_tracks_end(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    groups = full_track([3, 1], eot_objects=2)
+    store.commit_track(track_key(0), groups)
+    with store.session() as s:
+        assert s.known_final(track_key(0)) == Location(2, 2) == flat(groups)[-1].location
+        assert s.known_final(track_key(1)) is None
+        assert s.properties(track_key(1)) == b""
+    store.close()
+
+
+def test_a_committed_tracks_walk_is_the_reference_walk(tmp_path: Path) -> None:
+    """Status Objects appear only when asked for; an unknown track walks to nothing."""
+    store = LmdbStore(tmp_path, capacity=1 << 20)
+    groups = full_track([3, 0, 2], eot_objects=1)
+    store.commit_track(track_key(0), groups)
+    objects = {o.location: o for o in flat(groups)}
+    eot = flat(groups)[-1].location
+    with store.session() as s:
+        plain = describe(s.walk(track_key(0), Location(0, 0)))
+        full = describe(s.walk(track_key(0), Location(0, 0), include_status=True))
+        assert list(s.walk(track_key(1), Location(0, 0))) == []
+    assert plain == describe(reference_walk(objects, eot, Location(0, 0), eot,
+                                            GroupOrder.ASCENDING, None, False))
+    assert full == describe(reference_walk(objects, eot, Location(0, 0), eot,
+                                           GroupOrder.ASCENDING, None, True))
+    assert plain != full
+    store.close()
+
+
+def test_next_expiry_counts_max_age_and_committed_expiry_times(tmp_path: Path) -> None:
+    clock = Clock()
+    store = LmdbStore(tmp_path, capacity=1 << 20, max_age=60.0, clock=clock)
+    store.commit_track(track_key(0), full_track([1]), expires_at=clock.now + 100)
+    assert store.next_expiry() == clock.now + 60  # its age ends it before its expiry time
+    store.commit_track(track_key(1), full_track([1]), expires_at=clock.now + 30)
+    assert store.next_expiry() == clock.now + 30
     store.close()
 
 

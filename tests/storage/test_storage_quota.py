@@ -173,7 +173,7 @@ def test_lmdb_scope_quota_evicts_own_tracks_and_books_survive_reopen(tmp_path: P
             db.commit_track(_key(B, i), _track())
         assert db.info(_key(A, 0))
         assert [i for i in range(6) if db.info(_key(B, i))] == [3, 4, 5]
-        assert db.scopes.evictions == {B: 3}
+        assert db.scopes.evictions == {B: 3} and db.stats()["evicted_tracks"] == 3
         held = dict(db.scopes.held)
         assert held == {A: size, B: 3 * size}
     with LmdbStore(tmp_path, 100 * PAYLOAD, quotas=q) as db:
@@ -226,3 +226,33 @@ def test_lmdb_full_tier_evicts_the_writing_scopes_own_tracks_first(tmp_path: Pat
         assert [i for i in range(6) if db.info(_key(B, i))] == [4, 5]
         assert db.scopes.evictions == {B: 4}
         assert db.scopes.held == {A: size, B: 2 * size}
+
+
+def test_lmdb_scope_at_exactly_its_quota_keeps_every_track(tmp_path: Path) -> None:
+    """A quota of exactly three Tracks holds three: a scope gives up Tracks only beyond it."""
+    with LmdbStore(tmp_path / "probe", 100 * PAYLOAD) as probe:
+        size = probe.commit_track(_key(A, 0), _track())
+    with LmdbStore(tmp_path / "db", 100 * PAYLOAD,
+                   quotas=ScopeQuotas(lmdb_default=3 * size)) as db:
+        for i in range(3):
+            db.commit_track(_key(A, i), _track())
+        assert [i for i in range(3) if db.info(_key(A, i))] == [0, 1, 2]
+        assert db.scopes.evictions == {} and db.scopes.held == {A: 3 * size}
+        assert db.stats()["bytes_used"] == db.bytes_used == 3 * size
+        db.commit_track(_key(A, 3), _track())
+        assert [i for i in range(4) if db.info(_key(A, i))] == [1, 2, 3]
+
+
+def test_lmdb_scope_quota_of_its_own_bounds_it_and_leaves_unbounded_scopes_alone(
+        tmp_path: Path) -> None:
+    """No default: A has a quota of its own (one Track, exactly), B none at all."""
+    with LmdbStore(tmp_path / "probe", 100 * PAYLOAD) as probe:
+        size = probe.commit_track(_key(A, 0), _track())
+    q = ScopeQuotas(overrides={A: (None, size)})
+    with LmdbStore(tmp_path / "db", 100 * PAYLOAD, quotas=q) as db:
+        for i in range(3):
+            db.commit_track(_key(A, i), _track())
+            db.commit_track(_key(B, i), _track())
+        assert [i for i in range(3) if db.info(_key(A, i))] == [2]
+        assert [i for i in range(3) if db.info(_key(B, i))] == [0, 1, 2]
+        assert db.scopes.held == {A: size, B: 3 * size}

@@ -4,9 +4,12 @@ worker (docs/testing.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,41 @@ def _under_tests(path: Path) -> tuple[str, ...]:
     """``path``'s parts below tests/ (a test module in a folder of tests/ has two or more)."""
     parts = path.parts
     return parts[parts.index("tests") + 1:] if "tests" in parts else ()
+
+
+def _children() -> dict[int, str]:
+    """This process's live child processes (pid -> command line), from /proc."""
+    me, found = os.getpid(), {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == me and state != "Z":
+            found[int(entry.name)] = cmd.strip()
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    """No test leaves a process behind: a child of this (worker) process still running once
+    every other fixture has finished fails the run (an error on the last test) and is
+    killed."""
+    yield
+    if not Path("/proc").is_dir():
+        return
+    deadline = time.monotonic() + 5.0  # a process a teardown just signalled may be exiting
+    while (left := _children()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, "tests left processes running (killed now): " + "; ".join(
+        f"{pid}: {cmd[:200]}" for pid, cmd in left.items())
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -63,7 +63,11 @@ class Relay(Child):
                           f"127.0.0.1:{port}", "--data-dir", str(data),
                           "--metrics-listen", "off"], stdout=False)
         self.data = data
-        self.port = int(self.wait_for(r"relay ready on moqt://127\.0\.0\.1:(\d+)/", 30)[1])
+        try:
+            self.port = int(self.wait_for(r"relay ready on moqt://127\.0\.0\.1:(\d+)/", 30)[1])
+        except BaseException:
+            self.stop()  # never left running by a failed start
+            raise
 
     @property
     def cert(self) -> Path:

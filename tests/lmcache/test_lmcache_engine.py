@@ -47,6 +47,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     load_engine("transformers")
     relay = Relay(folder / "data")
     sides: list[Side] = []
+    world: World | None = None
     try:
         ours = connector_config(relay, folder / "scope.key")
         sides.append(Side(CHUNK, {"store": ours}))
@@ -56,11 +57,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                                      port=hole.getsockname()[1], cert=relay.cert)}))
         store, ret = (s.started() for s in sides)
         stored = store.ask("store", "store", PROMPT)
-        yield World(folder / "data", relay, store, ret, stored)
+        world = World(folder / "data", relay, store, ret, stored)
+        yield world
     finally:
         for s in sides:
             s.stop()
         relay.stop()
+        if world is not None:  # the restart test's relay
+            world.relay.stop()
         hole.close()
 
 

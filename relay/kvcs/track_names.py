@@ -12,6 +12,7 @@ A syntactically valid codec name need not be one this library implements:
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -80,8 +81,16 @@ def parse_track_name(name: str | bytes) -> TrackName:
             raise TrackNameError(f"track name {bytes(name)!r} is not ASCII") from None
     else:
         text = name
-        if not text.isascii():
-            raise TrackNameError(f"track name {text!r} is not ASCII")
+    return _parse_text(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_text(text: str) -> TrackName:
+    # A consumer parses a publication's few names again for every Object it checks (16,384
+    # Objects in a 512 MiB cache, several parses each); the names are immutable, so each is
+    # parsed once. Invalid names raise every time (lru_cache keeps no exceptions).
+    if not text.isascii():
+        raise TrackNameError(f"track name {text!r} is not ASCII")
     if text == MANIFEST:
         return ManifestTrackName(signed=False)
     if text == MANIFEST_COSE:

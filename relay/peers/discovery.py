@@ -112,12 +112,9 @@ async def _search(session: MoqtSession, prefixes: list[Namespace], blocks_of: di
                     found.setdefault(ns, n)
                     arrived.set()
 
-    async def closed() -> None:
+    async def over() -> None:
         await all_answered.wait()
         await asyncio.sleep(grace)  # the NAMESPACEs that follow the last REQUEST_OK
-
-    async def over() -> None:
-        await closed()
         if until is not None:  # and not before the window is over
             await asyncio.sleep(until - asyncio.get_running_loop().time())
 

@@ -118,7 +118,7 @@ class FetchResponse(OutgoingTrackRequest, EventSource[FetchEvent]):
 
     def _stop_watching(self) -> None:
         # the request stream has one reader at a time: ours stops before it is released
-        if self._watcher is not None and self._watcher is not asyncio.current_task():
+        if self._watcher is not None:
             self._watcher.cancel()
         self._watcher = None
 

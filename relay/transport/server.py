@@ -156,12 +156,12 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     server = Server(handler, settings, wt_path, backend)
     loop = asyncio.get_running_loop()
     if sock is None:
-        sock = make_socket(host, port, reuse_port=reuse_port,
-                           large_buffers=backend.credit_on_read)
-    else:  # a worker's, made by its supervisor with the kernel's default buffers
-        sock.setblocking(False)
-        if backend.credit_on_read:
-            size_buffers(sock)
+        sock = make_socket(host, port, reuse_port=reuse_port, large_buffers=False)
+    sock.setblocking(False)
+    # ours or a worker's (its supervisor's, made with the kernel's default): sized here, for
+    # the backend that serves it
+    if backend.credit_on_read:
+        size_buffers(sock)
     transport, udp = await loop.create_datagram_endpoint(
         lambda: backend.server(config, server._create_protocol), sock=sock)
     install(loop, sock, udp, route=functools.partial(backend.route, udp))

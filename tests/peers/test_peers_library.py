@@ -4,6 +4,7 @@ prefixes, discovery, live joins, verification and recovery."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,24 @@ async def test_manifest_cose_required_absent_or_badly_signed_is_refused(relay: A
     assert signed.signer is not None
     store.add(b"ed", signed.signer[0].public_key())
     res = await _retrieve(_opts((relay,), c, require_cose=True, keys=store,
+                                publications=[(signed.namespace, None)]))
+    assert res.exit_code == EXIT_OK and res.report["manifest_signed"]
+
+
+async def test_a_publication_with_both_manifest_tracks_is_read_from_manifest_cose(
+        relay: Any) -> None:
+    """Both manifest tracks are FETCHed at once (one round trip for an unsigned
+    publication's refused manifest.cose saved); a version of manifest.cose still wins over
+    the plain manifest, as when they were asked one after the other."""
+    c = cache(blocks=2)
+    key = ed25519.Ed25519PrivateKey.generate()
+    pub_id = os.urandom(16)
+    signed = plan(c, signer=(key, b"ed"), pub_id=pub_id)
+    plain = plan(c, pub_id=pub_id)
+    assert plain.namespace == signed.namespace
+    await _publish((relay,), plain)
+    await _publish((relay,), signed)
+    res = await _retrieve(_opts((relay,), c, keys=KeyStore({b"ed": key.public_key()}),
                                 publications=[(signed.namespace, None)]))
     assert res.exit_code == EXIT_OK and res.report["manifest_signed"]
 

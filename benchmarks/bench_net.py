@@ -18,10 +18,12 @@ way delay = RTT / 2 and random loss, both directions):
 The forwarder's settings and counters are written with each row. Options (after ``net``):
 ``--size-mib 64 --rtt-ms 0,20,40,80 --loss-pct 0,0.1,1 --deadline-s 90 --stacks
 qh3,aioquic,moq-rs,raw-qh3,raw-aioquic --seed 1`` (``raw-*``: QUIC alone, the same bytes
-on one stream through ``relay.transport``, benchmarks/_raw_net.py); ``--relay-arg=--flag`` /
-``--peer-arg=--flag`` (repeatable) pass flags to our relay / to `kvcs fetch`, and ``--label``
-names such a row (e.g. a congestion controller option), so a variant can be measured next to
-the defaults in the same run.
+on one stream through ``relay.transport``, benchmarks/_raw_net.py; ``aioquic/qh3``: our
+relay on aioquic, `kvcs fetch` on qh3: a stack of ours is RELAY or RELAY/CONSUMER;
+a stack of ours alone, ``aioquic``, runs `kvcs fetch` on that backend too);
+``--relay-arg=--flag`` / ``--peer-arg=--flag`` (repeatable) pass flags to our relay / to
+`kvcs fetch`, and ``--label`` names such a row (e.g. a congestion controller option), so a
+variant can be measured next to the defaults in the same run.
 """
 
 from __future__ import annotations
@@ -62,6 +64,17 @@ def _options(argv: list[str]) -> argparse.Namespace:
     return p.parse_known_args(argv)[0]
 
 
+BACKENDS = ("qh3", "aioquic")
+
+
+def _ends(stack: str) -> tuple[str, str]:
+    """A stack of ours is RELAY or RELAY/CONSUMER (``aioquic/qh3``: the relay, with the
+    publisher beside it, on aioquic; `kvcs fetch` on qh3): each end's backend governs what
+    that end sends, and a fetch's bytes are the relay's to send."""
+    relay, _, consumer = stack.partition("/")
+    return relay, consumer or relay
+
+
 def _synthetic(size_mib: int) -> str:
     # K and V of LAYERS layers, HEADS x DIM float16 per token: 4 KiB per token and layer
     tokens = size_mib * (1 << 20) // (LAYERS * 2 * HEADS * DIM * 2)
@@ -94,6 +107,11 @@ async def _ours(lab: Lab, relay_host: Any, consumer: Any, url: str, imp: Impairm
         # from the first usable to the last
         first = rep["first_layer_ms"] / 1e3
         result["first_layer_s"] = first
+        # from the layers' FETCHes on (connecting, discovery and the manifest left out): the
+        # part that compares with moq-rs's figure, which starts once its subscription is live
+        asked = [d["t_ms"] for d in rep["decisions"] if d["action"] == "fetch-layers"]
+        if asked:
+            result["from_fetch_s"] = result["seconds"] - asked[0] / 1e3
         if result["seconds"] > first:
             result["mbps_after_first_layer"] = \
                 rep["bytes"] * (LAYERS - 1) / LAYERS / (result["seconds"] - first) / 1e6
@@ -125,10 +143,11 @@ async def _run(opts: argparse.Namespace) -> None:
             relay_host, consumer = lab.add_host("relay"), lab.add_host("consumer")
             for n, stack in enumerate(stacks):
                 urls: str | None = None
-                if stack in ("qh3", "aioquic"):
-                    urls = await lab.relay(relay_host, *opts.relay_arg, backend=stack,
+                relay_be, consumer_be = _ends(stack)
+                if relay_be in BACKENDS:
+                    urls = await lab.relay(relay_host, *opts.relay_arg, backend=relay_be,
                                            port=4433 + n)
-                    await publish(lab, relay_host, urls, stack, _synthetic(opts.size_mib))
+                    await publish(lab, relay_host, urls, relay_be, _synthetic(opts.size_mib))
                 for i, (rtt, loss) in enumerate(scenarios):
                     imp = Impairment(delay_ms=rtt / 2, loss=loss / 100, seed=opts.seed + i)
                     try:
@@ -139,8 +158,8 @@ async def _run(opts: argparse.Namespace) -> None:
                             r = await raw_in_lab(lab, relay_host, consumer, imp, nbytes,
                                                  stack.removeprefix("raw-"), opts.deadline_s)
                         else:
-                            r = await _ours(lab, relay_host, consumer, urls, imp, stack,
-                                            opts, n * 100 + i)
+                            r = await _ours(lab, relay_host, consumer, urls, imp,
+                                            consumer_be, opts, n * 100 + i)
                     except Exception as e:  # one failed cell must not lose the others
                         await lab.forwarder_stats()
                         r = {"failed": f"{type(e).__name__}: {e}"[:300]}
@@ -151,10 +170,10 @@ async def _run(opts: argparse.Namespace) -> None:
         finally:
             await lab.close()
     label = f" {opts.label}" if opts.label else ""
-    ours = [s for s in stacks if s in ("qh3", "aioquic")]
+    ours = [s for s in stacks if _ends(s)[0] in BACKENDS]
     columns = ["RTT ms", "loss %", *(s + label if s in ours else s for s in stacks)]
     if "moq-rs" in stacks:
-        columns += [f"{s}/moq-rs" for s in ours]
+        columns += [f"{s} : moq-rs" for s in ours]
     rows = []
     for (rtt, loss), by in results.items():
         row: list[Any] = [f"{rtt:g}", f"{loss:g}",

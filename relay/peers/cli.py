@@ -31,6 +31,7 @@ from relay.transport.backend import (
     BACKENDS,
     DEFAULT_BACKEND,
     BackendUnavailable,
+    default_backend,
     get_backend,
     set_default_backend,
 )
@@ -116,14 +117,34 @@ def _access(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
 _congestion_control: str | None = None
 
 
+def receiver_backend(congestion_control: str | None) -> str:
+    """The QUIC backend of a peer command that mostly receives (fetch, subscribe) when none
+    is named: qh3 where it is installed, else aioquic. What such a peer sends is requests and
+    ACKs, so its own congestion control hardly matters (the relay's governs the bytes that
+    flow to it), and qh3 receives at a fraction of aioquic's CPU per packet
+    (docs/transport.md, "Which backend by default"). Naming an aioquic controller asks for
+    aioquic."""
+    if congestion_control is None:
+        try:
+            get_backend("qh3")
+        except BackendUnavailable:
+            pass
+        else:
+            return "qh3"
+    return "aioquic"
+
+
 def _with_quic_backend(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Take --quic-backend and --congestion-control off the command's arguments: the
     backend becomes the process's client backend (every session of a peer command is a
-    client), the controller goes into the sessions' QUIC settings (``_access``)."""
+    client), the controller goes into the sessions' QUIC settings (``_access``). A backend
+    of None (a receiving command's default) is :func:`receiver_backend`'s choice."""
     @functools.wraps(fn)
-    def wrapper(*args: Any, quic_backend: str, congestion_control: str | None,
+    def wrapper(*args: Any, quic_backend: str | None, congestion_control: str | None,
                 **kwargs: Any) -> Any:
         global _congestion_control
+        if quic_backend is None:
+            quic_backend = receiver_backend(congestion_control)
         try:
             get_backend(quic_backend)
         except BackendUnavailable as e:
@@ -149,11 +170,23 @@ def _check_ca(ca: Path) -> None:
         raise PeerError(f"--ca {ca}: {e.strerror or e}", EXIT_USAGE) from None
 
 
-def relay_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def relay_options(fn: Callable[..., Any], *, receives: bool = False) -> Callable[..., Any]:
+    """The options every peer command takes to reach relays. ``receives``: a command whose
+    bytes flow from the relay (fetch, subscribe), whose default backend is
+    :func:`receiver_backend`'s; a publishing command defaults to aioquic with bbr, which
+    keeps its rate on lossy paths where qh3's controller collapses."""
     fn = _with_quic_backend(fn)
-    fn = click.option("--quic-backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
-                      show_default=True, envvar="KVCS_QUIC_BACKEND",
-                      help="QUIC library: aioquic, or qh3 (the fast extra).")(fn)
+    if receives:
+        fn = click.option("--quic-backend", type=click.Choice(BACKENDS), default=None,
+                          envvar="KVCS_QUIC_BACKEND",
+                          help="QUIC library: aioquic, or qh3 (the fast extra). Default: qh3 "
+                               "where installed (a fetch's bytes are the relay's to send; qh3 "
+                               "receives them at less CPU), aioquic if --congestion-control "
+                               "is given or qh3 is not installed.")(fn)
+    else:
+        fn = click.option("--quic-backend", type=click.Choice(BACKENDS),
+                          default=DEFAULT_BACKEND, show_default=True, envvar="KVCS_QUIC_BACKEND",
+                          help="QUIC library: aioquic, or qh3 (the fast extra).")(fn)
     fn = click.option("--congestion-control", type=click.Choice(CONGESTION_CONTROLS),
                       default=None, envvar="KVCS_CONGESTION_CONTROL",
                       help=f"aioquic congestion controller (default "
@@ -356,7 +389,7 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ]
     for opt in reversed(opts):
         fn = opt(fn)
-    return relay_options(engine_options(fn))
+    return relay_options(engine_options(fn), receives=True)
 
 
 def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
@@ -419,6 +452,7 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
                                        fetch_ms=fetch_ms, timed=report is not None)
         res.report["generation"] = {**gen, "model_load_ms": load_ms}
         eo.echo(gen, load_ms)
+    res.report["quic_backend"] = default_backend("client")  # the one this run chose
     if report is not None:
         report.write_text(json.dumps(res.report, indent=2) + "\n")
     r = res.report

@@ -362,6 +362,9 @@ async def _fetch_held(opts: RetrieveOptions, state: RetrievalState, sessions: _S
         await fetch_manifest(session, state)
     fetching = [session] if opts.connections <= 1 else \
         await sessions.fetching(url, session, opts.connections)
+    # when the layers' FETCHes go out: what follows is the transfer (the report's times
+    # before it are connecting, discovery and the manifest)
+    state.decide("fetch-layers", relay=url, connections=len(fetching))
     await retrieve_completed(fetching, url, state, layers)
     if listing and state.unverified_layers() and not state.manifest_final:
         left = state.remaining()

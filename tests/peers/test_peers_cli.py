@@ -91,6 +91,7 @@ async def test_publish_subscribe_fetch_end_to_end(relay_url: tuple[str, Path],
         if name in ("early", "during"):
             assert report["objects_duplicate"] == 0, report["decisions"]
         assert all(x["usable_ms"] is not None for x in report["layers"])
+        assert report["quic_backend"] == "qh3"  # the receiving commands' default
 
     # a different scope finds nothing: exit 3, one line, no traceback
     code, _, err = await _run(*_consumer("fetch", url, ca, inputs, tmp_path / "x.kv",

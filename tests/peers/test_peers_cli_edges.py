@@ -200,3 +200,37 @@ async def test_publish_and_fetch_show_progress_on_a_terminal_only(tmp_path: Path
         assert code == 0 and "publish: layer" not in shown, shown
     finally:
         await r.close()
+
+
+def test_receiving_commands_default_to_qh3_and_publishing_ones_to_aioquic(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """fetch and subscribe receive: their bytes are the relay's to send, so they take qh3,
+    which receives at a fraction of aioquic's CPU (docs/transport.md); publish and prefill
+    send, and keep aioquic with bbr. Naming an aioquic controller, or qh3 missing, means
+    aioquic."""
+    from relay.peers import cli
+    from relay.transport import backend
+    from relay.transport.backend import BackendUnavailable, default_backend
+
+    defaults = {c.name: next(p.default for p in c.params if p.name == "quic_backend")
+                for c in (cli.fetch, cli.subscribe, cli.publish, cli.prefill)}
+    assert defaults == {"fetch": None, "subscribe": None, "publish": "aioquic",
+                        "prefill": "aioquic"}
+    chosen = cli._with_quic_backend(lambda: default_backend("client"))
+    saved = default_backend("client")
+    try:
+        assert chosen(quic_backend=None, congestion_control=None) == "qh3"
+        assert chosen(quic_backend=None, congestion_control="bbr") == "aioquic"
+        assert chosen(quic_backend="aioquic", congestion_control=None) == "aioquic"
+        real = backend.get_backend
+
+        def no_qh3(name: str = "aioquic") -> backend.QuicBackend:
+            if name == "qh3":
+                raise BackendUnavailable("QUIC backend 'qh3' is not installed")
+            return real(name)
+
+        monkeypatch.setattr(cli, "get_backend", no_qh3)
+        assert chosen(quic_backend=None, congestion_control=None) == "aioquic"
+    finally:
+        cli._congestion_control = None
+        backend.set_default_backend(client=saved)

@@ -270,6 +270,38 @@ async def test_moqrs_fetches_groups_a_moqrs_publisher_pushed(tmp_path: Path) -> 
         await r.close()
 
 
+async def test_moqrs_fetches_the_last_group_of_an_unfinished_track(tmp_path: Path) -> None:
+    """Issue 26 item 12: moq-rs's fetch_group of the last Group of a Track that has not
+    ended, once with that Group ended and once with it still open (its publisher writing),
+    answered with every frame on each backend (the report saw "Cancelled" on aioquic)."""
+    sent = {g: [os.urandom(40 + g) for _ in range(3)] for g in range(4)}
+    r = await relay_at(tmp_path)
+    try:
+        async with moq_client(r) as mpub, moq_client(r) as msub:
+            _bcast, track, _tc = await moq_track(mpub, msub, "iop/last")  # kept alive
+            open_groups = []  # Group 3 stays open: held here so nothing finishes it
+            for g in sorted(sent):
+                grp = track.append_group()
+                for p in sent[g]:
+                    grp.write_frame(p)
+                if g == 3:
+                    open_groups.append(grp)
+                else:
+                    grp.finish()
+            name = FullTrackName((b"iop", b"last"), b"t0")
+            await wait_cached(r, name, Location(3, 2))
+            got = {}
+            async with moq_client(r) as mc:
+                fc = await asyncio.wait_for(mc.announced_broadcast("iop/last"), TIMEOUT)
+                for g in (2, 3):
+                    grp = await asyncio.wait_for(fc.fetch_group("t0", g), TIMEOUT)
+                    async with asyncio.timeout(TIMEOUT):
+                        got[g] = [bytes(f.payload) async for f in grp]
+        assert got == {g: sent[g] for g in (2, 3)}
+    finally:
+        await r.close()
+
+
 # -- 4. moq-rs fetching whole Groups the relay holds in LMDB ----------------------------------
 
 

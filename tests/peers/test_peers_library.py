@@ -275,3 +275,15 @@ def test_a_retrievals_repr_leaves_its_arrays_and_report_out() -> None:
     text = repr(r)
     assert "array" not in text and "'layer'" not in text and len(text) < 200
     assert "exit_code=4" in text and "(4, 2, 256, 8)" in text and "[3]" in text
+
+
+def test_a_prefill_results_repr_leaves_the_engines_cache_out() -> None:
+    from relay.peers.engines.streaming import PrefillResult
+    from relay.peers.publisher import PublishSummary
+
+    p = plan(cache(blocks=2))
+    big = np.arange(4 * 2 * 256 * 8, dtype=np.float32).reshape(4, 2, 256, 8)
+    r = PrefillResult(PublishSummary(p.namespace, ["moqt://x/"], objects=7), p, [big, big],
+                      big[0, 0, 0])
+    text = repr(r)
+    assert "array" not in text and len(text) < 400 and "objects=7" in text

@@ -87,6 +87,12 @@ class PrefillResult:
     computed_at: dict[tuple[int, int], float] = field(default_factory=dict)
     published_at: dict[tuple[int, int], float] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        # Short on purpose, like Retrieval's: asyncio.run() formats its finished main task,
+        # result (the engine's whole cache) included, as it puts SIGINT's handler back.
+        return (f"PrefillResult(objects={self.summary.objects}, bytes={self.summary.bytes}, "
+                f"layers={self.summary.layers})")
+
 
 def segment_blocks(full_blocks: int, chunk_blocks: int | None) -> list[int]:
     if not chunk_blocks:

@@ -341,7 +341,7 @@ class MemoryStore:
     def is_complete(self, track: TrackKey) -> bool:
         """End of Track held and every Location below it held (no gaps, nothing evicted)."""
         st = self._tracks.get(track)
-        return st is not None and self._complete_groups(track, st) is not None
+        return st is not None and self._held_to_end(track, st)
 
     def holds_final_group(self, track: TrackKey) -> bool:
         """The Group of the End of Track is held (not only the End of Track remembered)."""
@@ -597,23 +597,34 @@ class MemoryStore:
                 return
             self._evicted(victim, self._cache.pop(victim))
 
-    def _complete_groups(self, track: TrackKey,
-                         st: _TrackState) -> list[list[StoredObject]] | None:
+    def _held_to_end(self, track: TrackKey, st: _TrackState) -> bool:
+        """End of Track known and every Location below it held. Asked per read of a
+        served Track: it builds nothing (``_complete_groups`` builds the lists)."""
         eot = st.end_of_track
         if eot is None:
-            return None
-        out: list[list[StoredObject]] = []
+            return False
         for g in range(eot.group + 1):
             grp = self._group(track, g, touch=False)
             if g < eot.group:
                 if grp is None or grp.end_of_group is None \
                         or not grp.dense_below(grp.end_of_group + 1):
-                    return None
-                out.append([grp.objects[i] for i in range(grp.end_of_group + 1)])
-            else:
-                n = eot.object_id
-                if n and (grp is None or not grp.dense_below(n)):
-                    return None
-                objs = [grp.objects[i] for i in range(n)] if grp is not None else []
-                out.append([*objs, eot])
+                    return False
+            elif eot.object_id and (grp is None or not grp.dense_below(eot.object_id)):
+                return False
+        return True
+
+    def _complete_groups(self, track: TrackKey,
+                         st: _TrackState) -> list[list[StoredObject]] | None:
+        if not self._held_to_end(track, st):
+            return None
+        eot = st.end_of_track
+        assert eot is not None
+        out: list[list[StoredObject]] = []
+        for g in range(eot.group):
+            grp = self._group(track, g, touch=False)
+            assert grp is not None and grp.end_of_group is not None
+            out.append([grp.objects[i] for i in range(grp.end_of_group + 1)])
+        grp = self._group(track, eot.group, touch=False)
+        objs = [grp.objects[i] for i in range(eot.object_id)] if grp is not None else []
+        out.append([*objs, eot])
         return out

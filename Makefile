@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint run demo bench clean mutate
+.PHONY: install bytecode test lint run demo bench clean mutate
 
 # The relay's listen address and data directory for `make run` (override on the command line).
 LISTEN   ?= 127.0.0.1:4433
@@ -23,20 +23,29 @@ $(STAMP): pyproject.toml requirements-model.txt requirements-engine.txt
 
 install: $(STAMP)
 
+# PYTHONDONTWRITEBYTECODE=1 (set on these machines, and common in container images) keeps
+# Python from caching the modules it compiles, and pip never compiles an editable install:
+# every relay, peer and test process compiled the project's ~25k lines again, 0.15 s of CPU
+# per process start (0.62 -> 0.47 s to import the relay and peers). compileall writes the
+# caches, and on later runs only those of changed files; Python still checks each cache
+# against its source, so an edit is never run stale.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q relay storage benchmarks scripts
+
 lint: $(STAMP)
 	$(BIN)/ruff check relay storage tests benchmarks scripts
 
-test: $(STAMP) lint
+test: $(STAMP) lint bytecode
 	$(BIN)/python -m pytest -q
 
-run: $(STAMP)
+run: $(STAMP) bytecode
 	$(BIN)/kvcs relay --listen $(LISTEN) --data-dir $(DATA_DIR)
 
 # A relay, a synthetic KV cache published through it and fetched back, a short summary.
-demo: $(STAMP)
+demo: $(STAMP) bytecode
 	$(BIN)/python scripts/demo.py
 
-bench: $(STAMP)
+bench: $(STAMP) bytecode
 	$(BIN)/python -m benchmarks
 
 # On-demand mutation testing of the modules that guard the product's promises (the list is

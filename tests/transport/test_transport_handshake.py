@@ -17,6 +17,7 @@ from conftest import Harness, w
 from stream_helpers import read_all
 
 from relay.transport import QuicSettings, connect
+from relay.transport.backend import default_backend
 
 # The defaults a deployment runs with (1200-byte datagrams: a server's first flight does not
 # fit its anti-amplification budget of 3 x what one client Initial carries).
@@ -81,3 +82,67 @@ async def test_a_lost_first_flight_still_completes_the_handshake(
         transport.close()
     failed = [r for r in caplog.records if "transmit failed" in r.getMessage()]
     assert len(failed) <= MAX_FAILED_TRANSMITS, f"{len(failed)} failed transmits"
+
+
+def _packet_types(datagram: bytes) -> list[int]:
+    """The long-header packet types coalesced in ``datagram`` (0 Initial, 2 Handshake),
+    up to its first short-header packet (RFC 9000 17.2)."""
+    types, i = [], 0
+    while i < len(datagram) and datagram[i] & 0x80:
+        kind = (datagram[i] >> 4) & 0x3
+        types.append(kind)
+        i += 5  # first byte, version
+        i += 1 + datagram[i]  # Destination Connection ID
+        i += 1 + datagram[i]  # Source Connection ID
+        if kind == 0:  # Initial: Token
+            n, i = _varint(datagram, i)
+            i += n
+        n, i = _varint(datagram, i)  # Length: packet number and payload
+        i += n
+    return types
+
+
+def _varint(b: bytes, i: int) -> tuple[int, int]:
+    size = 1 << (b[i] >> 6)
+    return int.from_bytes(bytes([b[i] & 0x3F]) + b[i + 1:i + size], "big"), i + size
+
+
+class RecordingForwarder(LossyForwarder):
+    """Forwards everything, and keeps the client's first datagram sent after the server's
+    first one reached it."""
+
+    def __init__(self, server: tuple[str, int]) -> None:
+        super().__init__(server, drop=0)
+        self.server_spoke = False
+        self.answer: bytes | None = None
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        if addr == self.server:
+            self.server_spoke = True
+        elif self.server_spoke and self.answer is None:
+            self.answer = data
+        super().datagram_received(data, addr)
+
+
+async def test_the_client_answers_the_servers_initial_with_a_handshake_packet(
+        make_harness: Any) -> None:
+    """The datagram that acknowledges the server's Initial carries a Handshake packet:
+    a qh3 server builds no Handshake flight for an aioquic client until one arrives, and
+    the aioquic client sent one only at its probe timeout, three round trips late
+    (docs/transport.md, "The handshake"). The qh3 client's flights are its core's own."""
+    if default_backend("client") != "aioquic":
+        pytest.skip("the qh3 client's handshake packets are built by its native core")
+    h: Harness = await make_harness(HANDSHAKE)
+    loop = asyncio.get_running_loop()
+    transport, fwd = await loop.create_datagram_endpoint(
+        lambda: RecordingForwarder(("127.0.0.1", h.server.port)), local_addr=("127.0.0.1", 0))
+    try:
+        port = transport.get_extra_info("sockname")[1]
+        client = await w(connect(f"moqt://127.0.0.1:{port}/", settings=HANDSHAKE,
+                                 ca_file=h.certs.certfile))
+        await w(h.sessions.get())
+        assert fwd.answer is not None
+        assert 2 in _packet_types(fwd.answer), _packet_types(fwd.answer)
+        await w(client.aclose())
+    finally:
+        transport.close()

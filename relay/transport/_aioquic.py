@@ -132,6 +132,11 @@ class CreditedQuicConnection(QuicConnection):
         target = lim.used - self.credit_unread.total + self.credit_conn_window
         if target - lim.value >= self.credit_conn_window >> 1:
             lim.value = target
+        bidi, uni = self._local_max_streams_bidi, self._local_max_streams_uni
+        if lim.value == lim.sent and bidi.value == bidi.sent and uni.value == uni.sent:
+            # Nothing to announce (aioquic's own raise of MAX_DATA is hidden below, and it
+            # sends a limit only when its value moved): the common case, once per packet.
+            return
         # aioquic doubles MAX_DATA when used*2 > value; hide `used` so it cannot, and let
         # it handle sending MAX_DATA / MAX_STREAMS as usual.
         used, lim.used = lim.used, 0
@@ -147,7 +152,6 @@ class CreditedQuicConnection(QuicConnection):
             finally:
                 lim.used = used
             return
-        bidi, uni = self._local_max_streams_bidi, self._local_max_streams_uni
         vb, vu = bidi.value, uni.value
         bidi.value = max(bidi.sent, vb - hide_b)
         uni.value = max(uni.sent, vu - hide_u)

@@ -32,6 +32,7 @@ async def run(url: str, ca: str, namespace_hex: str, name: str, total: int, size
     sub = await session.subscribe(namespace, name.encode(),
                                   Params(location_filter=LocationFilter.next_object()))
     print("ready", flush=True)
+    cpu0 = time.process_time()
     latencies: list[float] = []
     got = nbytes = 0
     async with asyncio.timeout(600):
@@ -47,7 +48,7 @@ async def run(url: str, ca: str, namespace_hex: str, name: str, total: int, size
         raise SystemExit(f"subscription ended after {got} of {total} Objects")
     await session.aclose()
     return {"end": time.time(), "latency_ms": statistics.median(latencies) * 1000,
-            "bytes": nbytes}
+            "bytes": nbytes, "cpu_s": time.process_time() - cpu0}
 
 
 def main() -> None:

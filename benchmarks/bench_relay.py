@@ -118,10 +118,13 @@ async def _subscriber(r: _RelayProcess, name: FullTrackName, total: int
 
 
 async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: int,
-                  backend: str, workers: int = 1) -> tuple[float, float, float | str]:
+                  backend: str, workers: int = 1
+                  ) -> tuple[float, float, float | str, str]:
     """(MB/s per subscriber, median per-Object latency ms, the relay process's CPU seconds
-    per delivered GB) through one relay; the CPU only with one worker (the supervisor's
-    own figure would not count live workers)."""
+    per delivered GB, "publisher / subscriber" CPU seconds per GB each of them handled)
+    through one relay; the relay's CPU only with one worker (the supervisor's own figure
+    would not count live workers). The publisher's is this process's (it only publishes
+    then); a subscriber's is its own, from its subscription to its last Object."""
     name = FullTrackName((b"kvcs-1", os.urandom(32), b"bench"), b"k.raw.s0")
     payload = bytearray(os.urandom(OBJECT))
     total = layers * blocks
@@ -135,7 +138,7 @@ async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: i
         procs = [await _subscriber(r, name, total) for _ in range(subscribers)]
         assert r.proc is not None
         try:
-            cpu0 = cpu_seconds(r.proc.pid)
+            cpu0, pub_cpu0 = cpu_seconds(r.proc.pid), time.process_time()
             t0 = time.time()
             for g in range(layers):
                 w = await served.open_subgroup(g, 0, (128 * g) // layers)
@@ -151,6 +154,7 @@ async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: i
                     assert out["bytes"] == total * OBJECT, out
                     results.append(out)
             cpu = cpu_seconds(r.proc.pid) - cpu0
+            pub_cpu = time.process_time() - pub_cpu0
         finally:
             for p in procs:
                 if p.returncode is None:
@@ -160,7 +164,9 @@ async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: i
     nbytes = total * OBJECT
     mbps = statistics.mean(nbytes / (o["end"] - t0) / 1e6 for o in results)
     per_gb = round(cpu_per_gb(cpu, nbytes * subscribers), 2) if workers == 1 else ""
-    return mbps, statistics.median(o["latency_ms"] for o in results), per_gb
+    ends = (f"{cpu_per_gb(pub_cpu, nbytes):.2f} / "
+            f"{statistics.mean(cpu_per_gb(o['cpu_s'], nbytes) for o in results):.2f}")
+    return mbps, statistics.median(o["latency_ms"] for o in results), per_gb, ends
 
 
 async def _until_every_worker_knows(r: _RelayProcess, name: FullTrackName) -> None:
@@ -233,16 +239,17 @@ async def _run(sizes: list[int], layers: int, blocks: int, fanouts: list[int],
                     res[backend][f"relay 1->{n}"] = await fan_out(
                         tmp / f"fan{n}", size, layers, blocks, n, backend)
                 mem, lmdb = await fetch_tiers(tmp / "fetch", size, layers, blocks, backend)
-                res[backend]["FETCH memory"] = (mem, "", "")
-                res[backend]["FETCH lmdb"] = (lmdb, "", "")
+                res[backend]["FETCH memory"] = (mem, "", "", "")
+                res[backend]["FETCH lmdb"] = (lmdb, "", "", "")
                 n = max(fanouts)
                 if workers > 1:
                     res[backend][f"relay 1->{n}, {workers} workers"] = await fan_out(
                         tmp / "workers", size, layers, blocks, n, backend, workers)
             for case in res["aioquic"]:
-                (a, a_lat, a_cpu), (q, q_lat, q_cpu) = res["aioquic"][case], res["qh3"][case]
+                (a, a_lat, a_cpu, a_ends), (q, q_lat, q_cpu, q_ends) = \
+                    res["aioquic"][case], res["qh3"][case]
                 rows.append([case, size, round(a, 1), round(q, 1), round(q / a, 2),
-                             _ms(a_lat), _ms(q_lat), a_cpu, q_cpu])
+                             _ms(a_lat), _ms(q_lat), a_cpu, q_cpu, a_ends, q_ends])
     return rows
 
 
@@ -265,11 +272,11 @@ async def _moqrs_rows(layers: int, blocks: int, fanouts: list[int],
         rows.append([f"moq-rs server 1->{n}", "~1200", "", round(r["mbps_per_subscriber"], 1),
                      round(ours / r["mbps_per_subscriber"], 2) if ours else "",
                      "", round(r["median_latency_ms"], 1), "",
-                     round(r["server_cpu_s_per_gb"], 2)])
+                     round(r["server_cpu_s_per_gb"], 2), "", ""])
         if ours_cpu != "" and r["server_cpu_s_per_gb"]:
             rows.append([f"CPU/GB: our qh3 relay / moq-rs, 1->{n}", 1200, "", "",
                          round(float(ours_cpu) / r["server_cpu_s_per_gb"], 2), "", "", "",
-                         ""])
+                         "", "", ""])
     return rows
 
 
@@ -284,7 +291,8 @@ def main() -> None:
         rows += asyncio.run(_moqrs_rows(layers, blocks, fanouts, rows))
     report("relay", ["case", "max_datagram_size", "aioquic_MB/s", "qh3_MB/s",
                      "qh3/aioquic", "aioquic_latency_ms", "qh3_latency_ms",
-                     "aioquic_cpu_s/GB", "qh3_cpu_s/GB"], rows,
+                     "aioquic_cpu_s/GB", "qh3_cpu_s/GB", "aioquic_pub/sub_cpu_s/GB",
+                     "qh3_pub/sub_cpu_s/GB"], rows,
            extra={"layers": layers, "blocks": blocks, "object_bytes": OBJECT,
                   "workers": workers,
                   "note": "MB/s per subscriber; relay and each subscriber in their own "
@@ -293,7 +301,9 @@ def main() -> None:
                           "holds our qh3 relay / moq-rs at 1200 bytes; cpu_s/GB: the relay "
                           "process's (or moq-rs server's) utime + stime from /proc over the "
                           "transfer, per GB delivered to all subscribers; the CPU/GB row's "
-                          "qh3/aioquic column is our qh3 relay's / moq-rs's"})
+                          "qh3/aioquic column is our qh3 relay's / moq-rs's; pub/sub: the "
+                          "publisher's (this process's) and a subscriber's own CPU seconds "
+                          "per GB each handled (mean over subscribers)"})
 
 
 if __name__ == "__main__":

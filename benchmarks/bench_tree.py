@@ -211,7 +211,7 @@ async def _run(backends: list[str], layers: int, blocks: int, publications: int
     with tempfile.TemporaryDirectory() as d:
         for backend in backends:
             tmp = Path(d) / backend
-            one, _lat = await fan_out(tmp / "one", SIZE, layers, blocks, 1, backend)
+            one, *_ = await fan_out(tmp / "one", SIZE, layers, blocks, 1, backend)
             tree, cores = await tree_live(tmp / "tree", layers, blocks, backend)
             rows.append([backend, "1->1 one relay (baseline)", round(one, 1), "MB/s", ""])
             rows.append([backend, "1->1 A->R->B", round(tree, 1), "MB/s",

@@ -10,8 +10,10 @@ import pytest
 from relay_helpers import (
     TIMEOUT,
     client,
+    drain,
     fetch_objects,
     group_payloads,
+    live_params,
     make_ns,
     push_track,
     relay_at,
@@ -20,11 +22,14 @@ from relay_helpers import (
 
 from relay.moqt.codes import (
     EndOfRangeType,
+    GroupOrder,
     LocationFilterType,
     ObjectStatus,
     ParameterType,
+    PropertyType,
     RequestErrorCode,
 )
+from relay.moqt.kvp import KeyValuePair
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
@@ -32,8 +37,10 @@ from relay.moqt.range_filter import Range, RangeFilter
 from relay.session import (
     IncomingFetch,
     RangeMarker,
+    ReceivedObject,
     RequestRejected,
     SessionHandler,
+    Source,
     StreamEnded,
 )
 from storage.interface import OBJECT_MAX
@@ -408,3 +415,121 @@ async def test_objects_an_upstream_fetch_brought_and_the_cache_evicted_are_not_a
                 isinstance(e, RangeMarker) and e.end.group == loc.group for e in events), loc
     finally:
         await b.close()
+
+
+async def test_a_fill_is_served_in_its_effective_group_order(tmp_path: Path) -> None:
+    """A fill's Group Order (§9.4) is its own GROUP_ORDER, else the subscription's, else the
+    Track's DEFAULT_PUBLISHER_GROUP_ORDER, else Ascending: the order the subscriber decodes
+    the fill's Group deltas with. Another Track Property whose value happens to be a Group
+    Order decides nothing."""
+    asc, desc = GroupOrder.ASCENDING, GroupOrder.DESCENDING
+    r = await relay_at(tmp_path)
+    properties = {  # the Track's default order, by its Properties
+        desc: (KeyValuePair(PropertyType.DEFAULT_PUBLISHER_GROUP_ORDER, 2),),
+        asc: (KeyValuePair(PropertyType.DEFAULT_PUBLISHER_PRIORITY, 2),)}
+    cases = [  # (the Track's default, the subscription's order, the fill's, the effective)
+        (desc, None, None, desc), (desc, asc, None, asc), (desc, None, asc, asc),
+        (asc, None, None, asc), (asc, desc, None, desc), (asc, None, desc, desc),
+        (asc, desc, asc, asc)]
+    try:
+        pub = await client(r)
+        names = {}
+        for default, props in properties.items():
+            name = FullTrackName(make_ns(), b"k.raw.s0")
+            t = await push_track(pub, name, layers=3, properties=props)
+            for g in range(3):
+                await t.group(g, group_payloads(g, 2, size=100))
+            await t.end()
+            assert await r.relay.wait_committed(name, TIMEOUT)
+            names[default] = (name, t.sent)
+        c = await client(r)
+        for default, sub_order, fill_order, effective in cases:
+            name, sent = names[default]
+            sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+                location_filter=LocationFilter.next_object(), group_order=sub_order,
+                fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
+                            group_order=fill_order))), TIMEOUT)
+            async with asyncio.timeout(TIMEOUT):
+                got = await drain(sub)
+            groups = [2, 1, 0] if effective == desc else [0, 1, 2]
+            assert list(got.objects) == [Location(g, i) for g in groups for i in range(2)], \
+                (default, sub_order, fill_order)
+            assert got.objects == sent
+    finally:
+        await r.close()
+
+
+async def test_a_fill_ending_at_an_end_of_group_ends_that_group_on_the_live_path(
+        tmp_path: Path) -> None:
+    """L is Group 0's End of Group: the fill delivers Group 0 but cannot carry that status
+    (§11.4), and the live part starts after L. The live path says the Group is over with an
+    empty subgroup stream flagged END_OF_GROUP (Forwarder.announce_group_end)."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=2)
+        await t.group(0, group_payloads(0, 3, size=100))
+        await wait_cached(r, name, Location(0, 3))
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, live_params()),
+                                     TIMEOUT)
+        assert sub.largest == Location(0, 3)
+        await t.group(1, group_payloads(1, 3, size=100))
+        await t.end()
+        live_objects: dict[int, list[int]] = {}
+        group_ends: list[int] = []
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in sub:
+                if isinstance(ev, ReceivedObject) and ev.stream.header is not None:
+                    live_objects.setdefault(ev.group, []).append(ev.object_id)
+                elif isinstance(ev, StreamEnded) and ev.fin and ev.stream.header is not None \
+                        and ev.stream.header.end_of_group:
+                    group_ends.append(ev.stream.header.group_id)
+        assert 0 not in live_objects and live_objects[1][:3] == [0, 1, 2]
+        assert 0 in group_ends
+    finally:
+        await r.close()
+
+
+async def test_a_fills_range_is_its_own_location_filter_else_the_subscriptions(
+        tmp_path: Path) -> None:
+    """FILL_PARAMETERS' LOCATION_FILTER gives the fill's range, clipped to L (§9.4, §6.3);
+    without one the subscription's applies; a filter of type None (or none anywhere) is
+    the whole Track up to L; a range starting past L opens no fill stream at all."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    lf = LocationFilter
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=3)
+        for g in range(3):
+            await t.group(g, group_payloads(g, 2, size=100))
+        await t.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        await pub.aclose()
+        c = await client(r)
+        cases = [  # (the subscription's filter, the fill's filter, the Groups filled)
+            (lf.next_object(), lf.absolute_start(1, 0), [1, 2]),
+            (lf.absolute_start(2, 0), None, [2]),
+            (None, None, [0, 1, 2]),
+            (lf.absolute_start(2, 0), lf.none(), [0, 1, 2]),
+            (lf.next_object(), lf.absolute_start(5, 0), []),
+        ]
+        for sub_filter, fill_filter, groups in cases:
+            sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+                location_filter=sub_filter, fill=Params(location_filter=fill_filter))),
+                TIMEOUT)
+            filled: list[Location] = []
+            fill_streams = 0
+            async with asyncio.timeout(TIMEOUT):
+                async for ev in sub:
+                    if isinstance(ev, ReceivedObject) and ev.stream.source == Source.FILL:
+                        filled.append(ev.location)
+                    elif isinstance(ev, StreamEnded) and ev.stream.source == Source.FILL:
+                        fill_streams += 1
+            assert filled == [Location(g, i) for g in groups for i in range(2)], \
+                (sub_filter, fill_filter)
+            assert fill_streams == (1 if groups else 0)
+    finally:
+        await r.close()

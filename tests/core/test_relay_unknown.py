@@ -229,6 +229,44 @@ async def test_an_upstream_that_never_answers_costs_a_fetch_its_fill_timeout_onl
         await r.close()
 
 
+async def test_a_fills_own_fill_timeout_bounds_its_wait_for_the_upstream(
+        tmp_path: Path) -> None:
+    """FILL_PARAMETERS' FILL_TIMEOUT (milliseconds, §9.4) bounds what a fill waits for an
+    upstream that never answers, not the relay's default (set far above the test's bound):
+    the Group that never came is reported Timed-Out and the rest is served."""
+    r = await relay_at(tmp_path, options=RelayOptions(in_flight_wait=0,
+                                                      default_fill_timeout=TIMEOUT * 2))
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _SilentFetchPublisher()
+    try:
+        pub = await client(r, handler=up)
+        t = await push_track(pub, name, layers=2)
+        await t.group(1, group_payloads(1, 2, size=100))  # Group 0 never came this way
+        await wait_cached(r, name, Location(1, 2))
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.next_object(),
+            fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
+                        fill_timeout=300))), TIMEOUT)
+        marks: list[EndOfRangeType] = []
+        filled: list[Location] = []
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in sub:
+                if isinstance(ev, RangeMarker):
+                    marks.append(ev.type)
+                elif isinstance(ev, StreamEnded) and ev.stream.source is Source.FILL:
+                    assert ev.fin
+                    break
+                elif isinstance(ev, ReceivedObject) and ev.stream.source is Source.FILL:
+                    filled.append(ev.location)
+        assert marks == [EndOfRangeType.TIMED_OUT]
+        assert filled == [Location(1, 0), Location(1, 1)]
+        assert up.fetches == 1
+    finally:
+        up.never.set()
+        await r.close()
+
+
 async def test_a_cold_edge_answers_a_group_its_origin_lost_as_unknown(tmp_path: Path) -> None:
     """Issue 26 item 7: a cold edge asked for "all of Group 1", which its origin evicted,
     answers FETCH_OK and an Unknown (or Timed-Out) Range for it, never DOES_NOT_EXIST or

@@ -372,7 +372,7 @@ async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_kno
 
 class _BulkFetchPublisher(SessionHandler):
     """An upstream that answers every FETCH with all it has in the range: Groups 0..5 of two
-    8 KiB Objects each."""
+    8 KiB Objects each. For "all of Group G" its End Location is G's last Object."""
 
     def __init__(self) -> None:
         self.payloads = {Location(g, i): bytes([g * 2 + i]) * 8192
@@ -380,14 +380,45 @@ class _BulkFetchPublisher(SessionHandler):
 
     async def fetch(self, req: IncomingFetch) -> None:
         lf = req.params.location_filter
-        assert lf is not None and lf.type == LocationFilterType.ABSOLUTE_RANGE
+        assert lf is not None and lf.type in (LocationFilterType.ABSOLUTE_RANGE,
+                                              LocationFilterType.ABSOLUTE_START_GROUP_END)
         start = Location(lf.start_group, lf.start_object)
-        end = Location(lf.end_group, lf.end_object)
+        whole = lf.type == LocationFilterType.ABSOLUTE_START_GROUP_END
+        end = Location(lf.end_group, 1 if whole else lf.end_object)
         w = await req.accept(False, min(end, Location(5, 1)))
         for loc, p in sorted(self.payloads.items()):
             if start <= loc <= end:
                 await w.write_object(loc.group, 0, loc.object, 0, p)
         await w.finish()
+
+
+async def test_a_whole_group_learned_upstream_or_started_past_its_end_is_no_group_end(
+        tmp_path: Path) -> None:
+    """FETCH of "all of Group G" (§7.10) never answers {G, 2^64-1}: a Group the relay holds
+    nothing of is asked upstream first and its End Location is the last Object that
+    brought; one whose End of Group is cached and that starts past it ends at its start
+    (nothing asked upstream)."""
+    b = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _BulkFetchPublisher()
+    try:
+        pub = await client(b, handler=up)
+        t = await push_track(pub, name, layers=6)
+        for g in (4, 5):  # live: Groups 4 and 5 only, each with its End of Group at {g, 2}
+            await t.group(g, [up.payloads[Location(g, i)] for i in range(2)])
+        await wait_cached(b, name, Location(5, 2))
+        c = await client(b)
+        resp, got = await fetch_objects(c, name, Params(
+            location_filter=LocationFilter.absolute_group_end(1, 0, 1)))
+        assert resp.end_location == Location(1, 1)
+        assert got == {loc: p for loc, p in up.payloads.items() if loc.group == 1}
+        fetches = b.relay.counters.upstream_fetches
+        resp, got = await fetch_objects(c, name, Params(
+            location_filter=LocationFilter.absolute_group_end(4, 3, 4)))
+        assert resp.end_location == Location(4, 3) and got == {}
+        assert b.relay.counters.upstream_fetches == fetches
+    finally:
+        await b.close()
 
 
 async def test_objects_an_upstream_fetch_brought_and_the_cache_evicted_are_not_absent(

@@ -137,6 +137,45 @@ async def test_concurrent_misses_share_one_upstream_fetch(tmp_path: Path) -> Non
         await a.close()
 
 
+async def test_a_fetch_past_what_a_relay_holds_of_a_track_it_does_not_follow(
+        tmp_path: Path) -> None:
+    """Relay b learned a Track only by FETCH from a (it does not follow it live): b's Largest
+    Object is a lower bound. A FETCH starting past it asks a again (pull-through); one
+    starting at it does not; a range past it is answered up to it, and a Location filter
+    of type None is the whole Track."""
+    a = await relay_at(tmp_path / "a")
+    b = await relay_at(tmp_path / "b", upstream=[a.url])
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    lf = LocationFilter
+    try:
+        pub = await client(a)
+        t = await push_track(pub, name, layers=4)
+        for g in range(2):
+            await t.group(g, group_payloads(g, 3, size=100))
+        await wait_cached(a, name, Location(1, 3))
+        c = await client(b)
+        _, got = await fetch_objects(c, name, Params(
+            location_filter=lf.absolute_range(Location(0, 0), Location(1, 3))))
+        assert got == t.sent and b.relay.counters.upstream_fetches == 1
+        assert not b.relay.tracks[name].live
+        resp, got = await fetch_objects(c, name, Params(location_filter=lf.absolute_start(1, 3)))
+        assert resp.end_location == Location(1, 3) and got == {}
+        assert b.relay.counters.upstream_fetches == 1  # L itself is held: nothing asked
+        await t.group(2, group_payloads(2, 3, size=100))
+        await wait_cached(a, name, Location(2, 3))
+        resp, got = await fetch_objects(c, name, Params(location_filter=lf.absolute_start(2, 0)))
+        assert got == {loc: p for loc, p in t.sent.items() if loc.group == 2}
+        assert b.relay.counters.upstream_fetches == 2
+        resp, got = await fetch_objects(c, name, Params(
+            location_filter=lf.absolute_range(Location(0, 0), Location(9, 0))))
+        assert resp.end_location == Location(2, 3) and got == t.sent
+        resp, got = await fetch_objects(c, name, Params(location_filter=lf.none()))
+        assert resp.end_location == Location(2, 3) and got == t.sent
+    finally:
+        await b.close()
+        await a.close()
+
+
 async def test_fetch_of_a_whole_group_ends_at_its_last_known_location(tmp_path: Path) -> None:
     """FETCH with "all of Group G" (filter 0x03) reports the last Location known in G
     (§7.10), never {G, 2^64-1}: the End of Group a FINed END_OF_GROUP stream implies (a
@@ -562,5 +601,40 @@ async def test_a_fills_range_is_its_own_location_filter_else_the_subscriptions(
             assert filled == [Location(g, i) for g in groups for i in range(2)], \
                 (sub_filter, fill_filter)
             assert fill_streams == (1 if groups else 0)
+    finally:
+        await r.close()
+
+
+async def test_a_fill_and_a_fetch_report_their_own_duration(tmp_path: Path) -> None:
+    """The latency a fill or a FETCH reports when it ends (the histograms' observation,
+    ``ServedCounters.observe``) is its own duration: above zero, below the test's."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    seen: dict[str, list[float]] = {"fill": [], "fetch": []}
+    r.relay.counters.fill.observe = seen["fill"].append
+    r.relay.counters.fetch.observe = seen["fetch"].append
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=2)
+        for g in range(2):
+            await t.group(g, group_payloads(g, 2, size=100))
+        await t.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, live_params()),
+                                     TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        _, fetched = await fetch_objects(c, name)
+        assert got.objects == fetched == t.sent
+        counters = r.relay.counters
+        async with asyncio.timeout(TIMEOUT):  # each reports as it leaves in_flight
+            while counters.fill.in_flight.count or counters.fetch.in_flight.count:
+                await asyncio.sleep(0)
+        elapsed = loop.time() - started
+        assert len(seen["fill"]) == len(seen["fetch"]) == 1
+        assert all(0 < s[0] < elapsed for s in seen.values()), seen
     finally:
         await r.close()

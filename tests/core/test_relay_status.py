@@ -55,7 +55,8 @@ async def test_track_status_of_lmdb_only_and_upstream_tracks(tmp_path: Path) -> 
 
 async def test_the_first_track_status_during_an_outage_is_timeout(tmp_path: Path) -> None:
     """The relay's very first request to a dead upstream (its dial fails while the request
-    waits for it) is TIMEOUT "upstream unreachable", never DOES_NOT_EXIST."""
+    waits for it) is TIMEOUT "upstream unreachable", never DOES_NOT_EXIST; and so is a
+    FETCH of a Track the relay knows nothing of while it is unreachable."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))  # a port nothing answers on
         port = s.getsockname()[1]
@@ -65,6 +66,11 @@ async def test_the_first_track_status_during_an_outage_is_timeout(tmp_path: Path
         c = await client(r)
         with pytest.raises(RequestRejected) as e:
             await asyncio.wait_for(c.track_status(make_ns(), b"k.raw.s0"), TIMEOUT)
+        assert e.value.code == RequestErrorCode.TIMEOUT
+        assert e.value.reason == UNREACHABLE
+        # a FETCH of a Track only the upstream relay could have: TIMEOUT too
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(make_ns(), b"k.raw.s0"), TIMEOUT)
         assert e.value.code == RequestErrorCode.TIMEOUT
         assert e.value.reason == UNREACHABLE
     finally:

@@ -267,6 +267,53 @@ async def test_a_fills_own_fill_timeout_bounds_its_wait_for_the_upstream(
         await r.close()
 
 
+async def test_a_fetch_of_an_unknown_track_waits_for_its_source_its_fill_timeout_only(
+        tmp_path: Path) -> None:
+    """A FETCH of a Track the relay holds nothing of asks the publisher of its namespace
+    (pull-through) within the request's FILL_TIMEOUT: a source that never answers costs
+    that, and the FETCH is refused TIMEOUT, not left waiting (§9.6)."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _SilentFetchPublisher()
+    try:
+        pub = await client(r, handler=up)
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        c = await client(r)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                fill_timeout=300)), TIMEOUT)
+        assert e.value.code == RequestErrorCode.TIMEOUT
+        assert up.fetches == 1
+    finally:
+        up.never.set()
+        await r.close()
+
+
+async def test_a_fetch_past_a_known_end_of_track_asks_no_source(tmp_path: Path) -> None:
+    """Past a Track's End of Track nothing can ever be published: a FETCH starting there is
+    refused INVALID_RANGE at once, its publisher (still connected) never asked."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _SilentFetchPublisher()
+    try:
+        pub = await client(r, handler=up)
+        t = await push_track(pub, name, layers=2)
+        for g in range(2):
+            await t.group(g, group_payloads(g, 2, size=100))
+        await t.end()  # End of Track at {2, 0}
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        c = await client(r)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                location_filter=LocationFilter.absolute_start(5, 0), fill_timeout=300)),
+                TIMEOUT)
+        assert e.value.code == RequestErrorCode.INVALID_RANGE
+        assert up.fetches == 0
+    finally:
+        up.never.set()
+        await r.close()
+
+
 async def test_a_cold_edge_answers_a_group_its_origin_lost_as_unknown(tmp_path: Path) -> None:
     """Issue 26 item 7: a cold edge asked for "all of Group 1", which its origin evicted,
     answers FETCH_OK and an Unknown (or Timed-Out) Range for it, never DOES_NOT_EXIST or

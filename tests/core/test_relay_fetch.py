@@ -35,14 +35,18 @@ from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.range_filter import Range, RangeFilter
 from relay.session import (
+    FetchResponse,
     IncomingFetch,
     RangeMarker,
     ReceivedObject,
     RequestRejected,
+    SessionConfig,
     SessionHandler,
     Source,
     StreamEnded,
+    Subscription,
 )
+from relay.transport import QuicSettings
 from storage.interface import OBJECT_MAX
 
 
@@ -636,5 +640,55 @@ async def test_a_fill_and_a_fetch_report_their_own_duration(tmp_path: Path) -> N
         elapsed = loop.time() - started
         assert len(seen["fill"]) == len(seen["fetch"]) == 1
         assert all(0 < s[0] < elapsed for s in seen.values()), seen
+    finally:
+        await r.close()
+
+
+@pytest.mark.parametrize("path", ["fill", "fetch"])
+async def test_the_groups_a_slow_fill_or_fetch_walks_stay_in_memory(tmp_path: Path,
+                                                                    path: str) -> None:
+    """A fill or FETCH pins the Groups it walks in the memory tier (storage.memory's
+    leases): a slow subscriber's walk of a live Track (nothing in LMDB yet) still gets every
+    Object of them after newer Groups pushed the tier over its size."""
+    r = await relay_at(tmp_path, memory_bytes=1 << 20, send_buffer_bytes=64 * 1024)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=8)
+        for g in range(3):
+            await t.group(g, group_payloads(g, 8, size=32 * 1024))
+        await wait_cached(r, name, Location(2, 8))
+        # a slow link: small QUIC windows and a small receive queue, not read at first
+        c = await client(r, config=SessionConfig(receive_queue=2),
+                         settings=QuicSettings(max_data=128 * 1024, max_stream_data=64 * 1024))
+        served = r.relay.counters.fill if path == "fill" else r.relay.counters.fetch
+        walk: Subscription | FetchResponse
+        if path == "fill":
+            walk = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+                location_filter=LocationFilter.next_object(),
+                fill=Params(location_filter=LocationFilter.absolute_start(0, 0)))), TIMEOUT)
+        else:
+            walk = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                location_filter=LocationFilter.absolute_range(Location(0, 0),
+                                                              Location(2, 7)))), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            while served.in_flight.count == 0:
+                await asyncio.sleep(0)
+        for g in range(3, 7):  # 1 MiB more: the tier evicts what is not pinned
+            await t.group(g, group_payloads(g, 8, size=32 * 1024))
+        await wait_cached(r, name, Location(6, 8))
+        assert r.store.memory.stats()["evicted_groups"] > 0
+        got: dict[Location, bytes] = {}
+        marks: list[RangeMarker] = []
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in walk:
+                if isinstance(ev, RangeMarker):
+                    marks.append(ev)
+                elif isinstance(ev, ReceivedObject) and ev.stream.source is not Source.SUBGROUP:
+                    got[ev.location] = bytes(ev.payload)  # the fill's, not the live part's
+                elif isinstance(ev, StreamEnded) and ev.stream.source is Source.FILL:
+                    break
+        assert marks == []
+        assert got == {loc: p for loc, p in t.sent.items() if loc.group < 3}
     finally:
         await r.close()

@@ -314,6 +314,26 @@ async def test_a_fetch_past_a_known_end_of_track_asks_no_source(tmp_path: Path) 
         await r.close()
 
 
+async def test_a_fetch_its_namespaces_publisher_cannot_answer_is_invalid_range(
+        tmp_path: Path) -> None:
+    """A FETCH of a Track the relay holds nothing of, whose namespace has a publisher that
+    refuses it: INVALID_RANGE "nothing published" (the namespace is served, this range of
+    it is not), never DOES_NOT_EXIST, which only a namespace nobody publishes gets."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)  # its SessionHandler refuses every FETCH
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        c = await client(r)
+        for ns, code in ((name.namespace, RequestErrorCode.INVALID_RANGE),
+                         (make_ns(), RequestErrorCode.DOES_NOT_EXIST)):
+            with pytest.raises(RequestRejected) as e:
+                await asyncio.wait_for(c.fetch(ns, name.name), TIMEOUT)
+            assert e.value.code == code
+    finally:
+        await r.close()
+
+
 async def test_a_cold_edge_answers_a_group_its_origin_lost_as_unknown(tmp_path: Path) -> None:
     """Issue 26 item 7: a cold edge asked for "all of Group 1", which its origin evicted,
     answers FETCH_OK and an Unknown (or Timed-Out) Range for it, never DOES_NOT_EXIST or

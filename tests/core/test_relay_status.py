@@ -75,3 +75,32 @@ async def test_the_first_track_status_during_an_outage_is_timeout(tmp_path: Path
         assert e.value.reason == UNREACHABLE
     finally:
         await r.close()
+
+
+async def test_a_fetch_answered_does_not_exist_before_an_outage_stays_so(
+        tmp_path: Path) -> None:
+    """A FETCH refused DOES_NOT_EXIST (the upstream relay reachable, nobody publishes the
+    Track) is remembered: once the upstream relay is gone, the same FETCH is still
+    DOES_NOT_EXIST, not TIMEOUT "upstream unreachable" (what was learned still holds)."""
+    a = await relay_at(tmp_path / "a")
+    b = await relay_at(tmp_path / "b", upstream=[a.url], upstream_idle_timeout=0.5)
+    ns = make_ns()
+    try:
+        c = await client(b)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(ns, b"k.raw.s0", Params(fill_timeout=3000)),
+                                   TIMEOUT)
+        assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
+        await a.close()
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(ns, b"k.raw.s0", Params(fill_timeout=3000)),
+                                   TIMEOUT)
+        assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
+        assert b.relay.upstream is not None and b.relay.upstream.unreachable
+        with pytest.raises(RequestRejected) as e:  # a Track never asked for: TIMEOUT
+            await asyncio.wait_for(c.fetch(make_ns(), b"k.raw.s0", Params(fill_timeout=3000)),
+                                   TIMEOUT)
+        assert e.value.code == RequestErrorCode.TIMEOUT
+    finally:
+        await b.close()
+        await a.close()

@@ -21,6 +21,7 @@ from relay_helpers import (
 )
 
 from relay.core.relay import RelayOptions
+from relay.core.upstream import UNREACHABLE
 from relay.moqt.codes import EndOfRangeType, ObjectStatus, RequestErrorCode
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
@@ -331,6 +332,36 @@ async def test_a_fetch_its_namespaces_publisher_cannot_answer_is_invalid_range(
                 await asyncio.wait_for(c.fetch(ns, name.name), TIMEOUT)
             assert e.value.code == code
     finally:
+        await r.close()
+
+
+async def test_a_fetch_past_what_the_relay_saw_of_an_ended_publication_times_out(
+        tmp_path: Path) -> None:
+    """The publisher stopped publishing without an End of Track: what lies past the Largest
+    Object the relay saw is not known. A FETCH starting there asks the publisher, which
+    never answers: TIMEOUT "upstream unreachable" (counted), not INVALID_RANGE."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _SilentFetchPublisher()
+    try:
+        pub = await client(r, handler=up)
+        t = await push_track(pub, name, layers=2)
+        await t.group(0, group_payloads(0, 2, size=100))
+        await wait_cached(r, name, Location(0, 2))
+        await asyncio.wait_for(t.served.done(), TIMEOUT)  # PUBLISH_DONE, no End of Track
+        track = r.relay.tracks[name]
+        async with asyncio.timeout(TIMEOUT):
+            while track.live:
+                await track.wait_change(TIMEOUT)
+        c = await client(r)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                location_filter=LocationFilter.absolute_start(3, 0), fill_timeout=300)),
+                TIMEOUT)
+        assert (e.value.code, e.value.reason) == (RequestErrorCode.TIMEOUT, UNREACHABLE)
+        assert r.relay.counters.upstream_unreachable == 1 and up.fetches == 1
+    finally:
+        up.never.set()
         await r.close()
 
 

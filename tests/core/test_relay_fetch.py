@@ -146,7 +146,8 @@ async def test_a_fetch_past_what_a_relay_holds_of_a_track_it_does_not_follow(
     """Relay b learned a Track only by FETCH from a (it does not follow it live): b's Largest
     Object is a lower bound. A FETCH starting past it asks a again (pull-through); one
     starting at it does not; a range past it is answered up to it, and a Location filter
-    of type None is the whole Track."""
+    of type None is the whole Track (no End of Track: none is known), in the FETCH's Group
+    Order."""
     a = await relay_at(tmp_path / "a")
     b = await relay_at(tmp_path / "b", upstream=[a.url])
     name = FullTrackName(make_ns(), b"k.raw.s0")
@@ -175,6 +176,13 @@ async def test_a_fetch_past_what_a_relay_holds_of_a_track_it_does_not_follow(
         assert resp.end_location == Location(2, 3) and got == t.sent
         resp, got = await fetch_objects(c, name, Params(location_filter=lf.none()))
         assert resp.end_location == Location(2, 3) and got == t.sent
+        assert not resp.end_of_track  # the Track goes on: no End of Track is known
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+            group_order=GroupOrder.DESCENDING)), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            events = await resp.collect()
+        assert [e.location for e in events] == \
+            [Location(g, i) for g in (2, 1, 0) for i in range(3)]  # Groups in its order
     finally:
         await b.close()
         await a.close()

@@ -21,6 +21,7 @@ from relay_helpers import (
     wait_cached,
 )
 
+from relay.core.scheduler import DEFAULT_SUBSCRIBER_PRIORITY
 from relay.moqt.codes import ObjectStatus
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
@@ -109,6 +110,10 @@ async def _fill_or_fetch(c: Any, name: FullTrackName, path: str, priority: int) 
     priority and no fill yet (its REQUEST_UPDATE asks for it)."""
     if path == "fetch":
         return await asyncio.wait_for(c.fetch(name.namespace, name.name), TIMEOUT)
+    if path == "fetch-priority":  # the later layers' own 200; the earlier ones' default
+        return await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+            subscriber_priority=priority if priority > DEFAULT_SUBSCRIBER_PRIORITY else None)),
+            TIMEOUT)
     if path == "fill":
         params = live_params()
     elif path == "fill-priority":  # the fill's own priority, the subscription's default
@@ -121,14 +126,16 @@ async def _fill_or_fetch(c: Any, name: FullTrackName, path: str, priority: int) 
     return await asyncio.wait_for(c.subscribe(name.namespace, name.name, params), TIMEOUT)
 
 
-@pytest.mark.parametrize("path", ["fetch", "fill", "fill-priority", "update-fill"])
+@pytest.mark.parametrize("path", ["fetch", "fill", "fetch-priority", "fill-priority",
+                                  "update-fill"])
 async def test_fills_and_fetches_take_their_turn_by_priority(tmp_path: Path,
                                                              path: str) -> None:
     """Earlier layers first whichever path carries them: Objects on fill and fetch streams
     are scheduled with the session's other writes (§13, §9.4), not written around them.
     By Publisher Priority for a FETCH and a fill; by Subscriber Priority (the later layers'
     200, the earlier ones' 1, equal Publisher Priorities) for a fill that gives its own and
-    for a fill a REQUEST_UPDATE asks for (the subscription's)."""
+    for a fill a REQUEST_UPDATE asks for (the subscription's); for FETCHes, the later
+    layers' 200 against the default of one that gives none."""
     r = await relay_at(tmp_path, send_buffer_bytes=64 * 1024)
     ns = make_ns()
     late, early = FullTrackName(ns, b"k.raw.s1"), FullTrackName(ns, b"k.raw.s0")
@@ -147,7 +154,7 @@ async def test_fills_and_fetches_take_their_turn_by_priority(tmp_path: Path,
         # being written before the subscriber reads anything
         resp_late = await _fill_or_fetch(sub, late, path, 200)
         resp_early = await _fill_or_fetch(sub, early, path, 1)
-        served = r.relay.counters.fetch if path == "fetch" else r.relay.counters.fill
+        served = r.relay.counters.fetch if path.startswith("fetch") else r.relay.counters.fill
         if path == "update-fill":
             # the replies may wait behind the fills: they are awaited after reading
             fill = Params(fill=Params(location_filter=LocationFilter.absolute_start(0, 0)))

@@ -56,7 +56,7 @@ async def test_track_status_of_lmdb_only_and_upstream_tracks(tmp_path: Path) -> 
 async def test_the_first_track_status_during_an_outage_is_timeout(tmp_path: Path) -> None:
     """The relay's very first request to a dead upstream (its dial fails while the request
     waits for it) is TIMEOUT "upstream unreachable", never DOES_NOT_EXIST; and so is a
-    FETCH of a Track the relay knows nothing of while it is unreachable."""
+    FETCH or SUBSCRIBE of a Track the relay knows nothing of while it is unreachable."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))  # a port nothing answers on
         port = s.getsockname()[1]
@@ -68,11 +68,12 @@ async def test_the_first_track_status_during_an_outage_is_timeout(tmp_path: Path
             await asyncio.wait_for(c.track_status(make_ns(), b"k.raw.s0"), TIMEOUT)
         assert e.value.code == RequestErrorCode.TIMEOUT
         assert e.value.reason == UNREACHABLE
-        # a FETCH of a Track only the upstream relay could have: TIMEOUT too
-        with pytest.raises(RequestRejected) as e:
-            await asyncio.wait_for(c.fetch(make_ns(), b"k.raw.s0"), TIMEOUT)
-        assert e.value.code == RequestErrorCode.TIMEOUT
-        assert e.value.reason == UNREACHABLE
+        # a FETCH or SUBSCRIBE of a Track only the upstream relay could have: TIMEOUT too
+        for ask in (c.fetch, c.subscribe):
+            with pytest.raises(RequestRejected) as e:
+                await asyncio.wait_for(ask(make_ns(), b"k.raw.s0"), TIMEOUT)
+            assert e.value.code == RequestErrorCode.TIMEOUT
+            assert e.value.reason == UNREACHABLE
     finally:
         await r.close()
 

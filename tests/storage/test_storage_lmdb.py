@@ -117,6 +117,23 @@ def test_lru_eviction_order_survives_restart(tmp_path: Path) -> None:
     store.close()
 
 
+def test_uses_since_the_last_write_keep_their_order_not_the_track_ids(tmp_path: Path) -> None:
+    """Uses recorded by readers between writes are written in the order they happened: a
+    track read after another is the more recently used, whatever their track ids."""
+    clock = Clock()
+    groups = full_track([2], size=KiB)
+    store = LmdbStore(tmp_path, capacity=1 << 20, clock=clock)
+    for i in range(3):
+        store.commit_track(track_key(i), groups)
+    for i in (1, 0):  # track 1 used first, then track 0 (the lower id)
+        clock.now += 1
+        with store.session() as s:
+            assert s.info(track_key(i)) is not None
+    store.flush_usage()
+    assert store.tracks() == [track_key(2), track_key(1), track_key(0)]
+    store.close()
+
+
 def test_track_larger_than_capacity_is_refused(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path, capacity=4 * KiB)
     with pytest.raises(StorageFullError):

@@ -134,6 +134,26 @@ def test_uses_since_the_last_write_keep_their_order_not_the_track_ids(tmp_path: 
     store.close()
 
 
+def test_a_use_of_a_track_removed_meanwhile_loses_no_later_use(tmp_path: Path) -> None:
+    """A read session opened before a track was deleted still sees it and records a use of
+    it; writing the uses skips that one and keeps the later ones."""
+    clock = Clock()
+    groups = full_track([2], size=KiB)
+    store = LmdbStore(tmp_path, capacity=1 << 20, clock=clock)
+    for i in range(3):
+        store.commit_track(track_key(i), groups)
+    with store.session() as old:
+        assert store.delete_track(track_key(0))
+        clock.now += 1
+        assert old.info(track_key(0)) is not None  # its snapshot predates the delete
+    clock.now += 1
+    with store.session() as s:
+        assert s.info(track_key(1)) is not None
+    store.flush_usage()
+    assert store.tracks() == [track_key(2), track_key(1)]
+    store.close()
+
+
 def test_track_larger_than_capacity_is_refused(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path, capacity=4 * KiB)
     with pytest.raises(StorageFullError):

@@ -49,6 +49,18 @@ def test_commit_reopen_bit_identical(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_store_opens_in_a_new_nested_directory_and_syncs_its_commits(
+        tmp_path: Path) -> None:
+    """The directory is made with its parents; by default each commit is flushed to disk
+    (LMDB's sync; only the meta page's flush is left to the OS, metasync off)."""
+    store = LmdbStore(tmp_path / "a" / "b", capacity=1 << 20)
+    flags = store._env.flags()
+    assert flags["sync"] and not flags["metasync"]
+    store.commit_track(track_key(0), full_track([1]))
+    assert store.tracks() == [track_key(0)]
+    store.close()
+
+
 def test_long_binary_track_names(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path, capacity=1 << 20)
     t = (tuple(bytes([i]) * 200 for i in range(10)), b"\x00\xff" * 300)  # > 511-byte LMDB keys

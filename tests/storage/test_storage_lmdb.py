@@ -56,8 +56,35 @@ def test_a_store_opens_in_a_new_nested_directory_and_syncs_its_commits(
     store = LmdbStore(tmp_path / "a" / "b", capacity=1 << 20)
     flags = store._env.flags()
     assert flags["sync"] and not flags["metasync"]
+    assert not flags["readahead"]  # Groups are read at random: no OS readahead
     store.commit_track(track_key(0), full_track([1]))
     assert store.tracks() == [track_key(0)]
+    store.close()
+    store = LmdbStore(tmp_path / "c", capacity=1 << 20, sync=False)  # asked not to sync
+    assert not store._env.flags()["sync"]
+    store.close()
+
+
+def test_a_reopened_store_starts_from_the_map_it_had_grown_to(tmp_path: Path) -> None:
+    """A map an earlier run grew is reopened at least at its file's size, not at
+    ``initial_map_size``, and grows on from there."""
+    def open_store() -> LmdbStore:
+        return LmdbStore(tmp_path, capacity=1 << 30, map_limit=4 << 20,
+                         initial_map_size=256 * KiB)
+
+    groups = full_track([16], size=32 * KiB)  # ~400 KiB per track
+    store = open_store()
+    for i in range(3):
+        store.commit_track(track_key(i), groups)
+    assert store.stats()["map_size"] > 256 * KiB
+    store.close()
+    on_disk = (tmp_path / "data.mdb").stat().st_size
+    store = open_store()
+    assert store.stats()["map_size"] == on_disk > 256 * KiB
+    for i in range(3, 6):
+        store.commit_track(track_key(i), groups)
+    assert store.tracks() == [track_key(i) for i in range(6)]
+    assert store.stats()["map_size"] > on_disk
     store.close()
 
 

@@ -88,6 +88,30 @@ def test_a_reopened_store_starts_from_the_map_it_had_grown_to(tmp_path: Path) ->
     store.close()
 
 
+def test_the_files_layout_is_the_documented_one(tmp_path: Path) -> None:
+    """The named databases and counters of the module's docstring: what a data directory
+    an earlier run (or another version) wrote holds, read with LMDB alone."""
+    clock = Clock()
+    store = LmdbStore(tmp_path, capacity=1 << 20, clock=clock)
+    groups = full_track([2, 1])
+    size = store.commit_track(track_key(0), groups, properties=b"props",
+                              expires_at=clock.now + 60)
+    store.close()
+    env = lmdb.open(str(tmp_path), readonly=True, lock=False, max_dbs=8)
+    try:
+        with env.begin() as txn:
+            entries = {name.decode(): txn.stat(env.open_db(name, txn=txn, create=False))[
+                "entries"] for name in (b"names", b"tracks", b"expiry", b"groups", b"lru",
+                                         b"props")}
+            counters = {k.decode(): int.from_bytes(txn.get(k), "big")
+                        for k in (b"next_id", b"seq", b"bytes")}
+    finally:
+        env.close()
+    assert entries == {"names": 1, "tracks": 1, "expiry": 1, "groups": len(groups), "lru": 1,
+                       "props": 1}
+    assert counters == {"next_id": 2, "seq": 1, "bytes": size}
+
+
 def test_long_binary_track_names(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path, capacity=1 << 20)
     t = (tuple(bytes([i]) * 200 for i in range(10)), b"\x00\xff" * 300)  # > 511-byte LMDB keys

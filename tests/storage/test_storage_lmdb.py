@@ -364,6 +364,27 @@ def test_a_resize_waits_for_a_read_session_on_another_thread(tmp_path: Path) -> 
     store.close()
 
 
+def test_a_thread_inside_a_session_opens_another_during_a_pending_resize(
+        tmp_path: Path) -> None:
+    """A thread already holding a session may open another while the writer waits to
+    resize (for that very session): waiting there would deadlock the two."""
+    store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=4 << 20,
+                      initial_map_size=128 * KiB, resize_wait=2.0)
+    store.commit_track(track_key(0), full_track([1]))
+    with store.session() as s:
+        assert s.info(track_key(0)) is not None
+        commit = store.submit(store.commit_track, track_key(1),
+                              full_track([16], size=32 * KiB))
+        with store._gate._cond:  # the writer is now waiting for this session to close
+            assert store._gate._cond.wait_for(lambda: store._gate.resizing, 10.0)
+        with store.session() as nested:
+            assert nested.info(track_key(0)) is not None
+        assert not commit.done()
+    assert commit.result(10.0) > 0  # the resize went ahead once both were closed
+    assert store.stats()["map_size"] > 128 * KiB
+    store.close()
+
+
 def test_every_write_runs_on_the_one_writer_thread(tmp_path: Path) -> None:
     """Writes called from any thread are performed by the writer thread, one at a time."""
     import threading

@@ -385,6 +385,53 @@ def test_a_thread_inside_a_session_opens_another_during_a_pending_resize(
     store.close()
 
 
+def test_a_new_read_session_waits_for_a_pending_resize(tmp_path: Path) -> None:
+    """A session opened while the writer waits to resize (for another thread's session)
+    waits for the resize, also on a thread that held and closed sessions before: it then
+    sees the grown map, and its views are never remapped under it."""
+    import threading
+    import time
+
+    store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=4 << 20,
+                      initial_map_size=128 * KiB, resize_wait=2.0)
+    store.commit_track(track_key(0), full_track([1]))
+    gate = store._gate
+    holding, release, go, entered = (threading.Event() for _ in range(4))
+    seen: list[int] = []
+
+    def holder() -> None:
+        with store.session():
+            holding.set()
+            release.wait(10.0)
+
+    def reader() -> None:
+        with store.session() as s:  # an earlier session of this thread, closed
+            assert s.info(track_key(0)) is not None
+        go.wait(10.0)
+        with store.session():
+            entered.set()
+            seen.append(store._env.info()["map_size"])
+
+    threads = [threading.Thread(target=holder), threading.Thread(target=reader)]
+    threads[0].start()
+    assert holding.wait(10.0)
+    threads[1].start()
+    commit = store.submit(store.commit_track, track_key(1), full_track([16], size=32 * KiB))
+    with gate._cond:  # the writer is now waiting for the holder's session to close
+        assert gate._cond.wait_for(lambda: gate.resizing, 10.0)
+    go.set()
+    deadline = time.monotonic() + 10.0  # until the reader waits at the gate (or got in)
+    while not entered.is_set() and len(gate._cond._waiters) < 2:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline
+        entered.wait(0.001)
+    release.set()
+    assert commit.result(10.0) > 0
+    for t in threads:
+        t.join(10.0)
+    assert seen and seen[0] > 128 * KiB  # it got in only after the map grew
+    store.close()
+
+
 def test_every_write_runs_on_the_one_writer_thread(tmp_path: Path) -> None:
     """Writes called from any thread are performed by the writer thread, one at a time."""
     import threading

@@ -76,6 +76,14 @@ class Subscription(OutgoingTrackRequest, EventSource[SubscriptionEvent]):
             deque()
         self._update_room = asyncio.Event()  # a reply came: the peer's limit may allow another
         self._fill_request_ids: list[int] = []
+        # a fill's own GROUP_ORDER (FILL_PARAMETERS) decides how its stream is decoded, by
+        # the Request ID it carries (§9.4); the others use the subscription's
+        self._fill_orders: dict[int, GroupOrder] = {}
+        self._fill_order(request_id, params)
+
+    def _fill_order(self, request_id: int, params: Params) -> None:
+        if params.fill is not None and params.fill.group_order is not None:
+            self._fill_orders[request_id] = GroupOrder(params.fill.group_order)
 
     # events ---------------------------------------------------------------------------------
 
@@ -94,16 +102,19 @@ class Subscription(OutgoingTrackRequest, EventSource[SubscriptionEvent]):
 
     async def fetch_stream_started(self, parser: FetchStreamParser
                                    ) -> tuple[Source, list[Any]] | None:
-        """Its fill stream (§9.4), decoded in the subscription's Group Order, which the
-        SUBSCRIBE_OK's Track Properties may give: a fill that overtook it waits for it (as
-        long as a subgroup stream would wait for its alias)."""
+        """Its fill stream (§9.4), decoded in the fill's effective Group Order: its own
+        GROUP_ORDER (FILL_PARAMETERS), else the subscription's, which the SUBSCRIBE_OK's
+        Track Properties may give: a fill that overtook it waits for it (as long as a
+        subgroup stream would wait for its alias)."""
         if not self.established.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.established.wait(),
                                        self.session.config.alias_wait_timeout)
         if not self.established.is_set() or self.ended:
             return None
-        return Source.FILL, parser.set_group_order(self.group_order)
+        assert parser.header is not None  # the stream was routed by its Request ID
+        order = self._fill_orders.get(parser.header.request_id, self.group_order)
+        return Source.FILL, parser.set_group_order(order)
 
     async def fetch_stream_ended(self, info: StreamInfo, fin: bool, reset_code: int | None
                                  ) -> None:
@@ -226,6 +237,7 @@ class Subscription(OutgoingTrackRequest, EventSource[SubscriptionEvent]):
         rid = self.session.next_request_id()
         if params.fill is not None:
             self._fill_request_ids.append(rid)
+            self._fill_order(rid, params)
             self.session.bind_request(rid, self)
         await self.rs.send(RequestUpdate(rid, params))
         reply = await fut

@@ -10,8 +10,10 @@ import pytest
 from relay_helpers import (
     TIMEOUT,
     client,
+    drain,
     fetch_objects,
     group_payloads,
+    live_params,
     make_ns,
     push_track,
     relay_at,
@@ -20,22 +22,31 @@ from relay_helpers import (
 
 from relay.moqt.codes import (
     EndOfRangeType,
+    GroupOrder,
     LocationFilterType,
     ObjectStatus,
     ParameterType,
+    PropertyType,
     RequestErrorCode,
 )
+from relay.moqt.kvp import KeyValuePair
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.range_filter import Range, RangeFilter
 from relay.session import (
+    FetchResponse,
     IncomingFetch,
     RangeMarker,
+    ReceivedObject,
     RequestRejected,
+    SessionConfig,
     SessionHandler,
+    Source,
     StreamEnded,
+    Subscription,
 )
+from relay.transport import QuicSettings
 from storage.interface import OBJECT_MAX
 
 
@@ -125,6 +136,53 @@ async def test_concurrent_misses_share_one_upstream_fetch(tmp_path: Path) -> Non
             assert {e.location: bytes(e.payload) for e in events} == t.sent
         assert b.relay.counters.upstream_fetches == 1
         assert a.relay.counters.ok("FETCH") == 1
+    finally:
+        await b.close()
+        await a.close()
+
+
+async def test_a_fetch_past_what_a_relay_holds_of_a_track_it_does_not_follow(
+        tmp_path: Path) -> None:
+    """Relay b learned a Track only by FETCH from a (it does not follow it live): b's Largest
+    Object is a lower bound. A FETCH starting past it asks a again (pull-through); one
+    starting at it does not; a range past it is answered up to it, and a Location filter
+    of type None is the whole Track (no End of Track: none is known), in the FETCH's Group
+    Order."""
+    a = await relay_at(tmp_path / "a")
+    b = await relay_at(tmp_path / "b", upstream=[a.url])
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    lf = LocationFilter
+    try:
+        pub = await client(a)
+        t = await push_track(pub, name, layers=4)
+        for g in range(2):
+            await t.group(g, group_payloads(g, 3, size=100))
+        await wait_cached(a, name, Location(1, 3))
+        c = await client(b)
+        _, got = await fetch_objects(c, name, Params(
+            location_filter=lf.absolute_range(Location(0, 0), Location(1, 3))))
+        assert got == t.sent and b.relay.counters.upstream_fetches == 1
+        assert not b.relay.tracks[name].live
+        resp, got = await fetch_objects(c, name, Params(location_filter=lf.absolute_start(1, 3)))
+        assert resp.end_location == Location(1, 3) and got == {}
+        assert b.relay.counters.upstream_fetches == 1  # L itself is held: nothing asked
+        await t.group(2, group_payloads(2, 3, size=100))
+        await wait_cached(a, name, Location(2, 3))
+        resp, got = await fetch_objects(c, name, Params(location_filter=lf.absolute_start(2, 0)))
+        assert got == {loc: p for loc, p in t.sent.items() if loc.group == 2}
+        assert b.relay.counters.upstream_fetches == 2
+        resp, got = await fetch_objects(c, name, Params(
+            location_filter=lf.absolute_range(Location(0, 0), Location(9, 0))))
+        assert resp.end_location == Location(2, 3) and got == t.sent
+        resp, got = await fetch_objects(c, name, Params(location_filter=lf.none()))
+        assert resp.end_location == Location(2, 3) and got == t.sent
+        assert not resp.end_of_track  # the Track goes on: no End of Track is known
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+            group_order=GroupOrder.DESCENDING)), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            events = await resp.collect()
+        assert [e.location for e in events] == \
+            [Location(g, i) for g in (2, 1, 0) for i in range(3)]  # Groups in its order
     finally:
         await b.close()
         await a.close()
@@ -365,7 +423,7 @@ async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_kno
 
 class _BulkFetchPublisher(SessionHandler):
     """An upstream that answers every FETCH with all it has in the range: Groups 0..5 of two
-    8 KiB Objects each."""
+    8 KiB Objects each. For "all of Group G" its End Location is G's last Object."""
 
     def __init__(self) -> None:
         self.payloads = {Location(g, i): bytes([g * 2 + i]) * 8192
@@ -373,14 +431,45 @@ class _BulkFetchPublisher(SessionHandler):
 
     async def fetch(self, req: IncomingFetch) -> None:
         lf = req.params.location_filter
-        assert lf is not None and lf.type == LocationFilterType.ABSOLUTE_RANGE
+        assert lf is not None and lf.type in (LocationFilterType.ABSOLUTE_RANGE,
+                                              LocationFilterType.ABSOLUTE_START_GROUP_END)
         start = Location(lf.start_group, lf.start_object)
-        end = Location(lf.end_group, lf.end_object)
+        whole = lf.type == LocationFilterType.ABSOLUTE_START_GROUP_END
+        end = Location(lf.end_group, 1 if whole else lf.end_object)
         w = await req.accept(False, min(end, Location(5, 1)))
         for loc, p in sorted(self.payloads.items()):
             if start <= loc <= end:
                 await w.write_object(loc.group, 0, loc.object, 0, p)
         await w.finish()
+
+
+async def test_a_whole_group_learned_upstream_or_started_past_its_end_is_no_group_end(
+        tmp_path: Path) -> None:
+    """FETCH of "all of Group G" (§7.10) never answers {G, 2^64-1}: a Group the relay holds
+    nothing of is asked upstream first and its End Location is the last Object that
+    brought; one whose End of Group is cached and that starts past it ends at its start
+    (nothing asked upstream)."""
+    b = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _BulkFetchPublisher()
+    try:
+        pub = await client(b, handler=up)
+        t = await push_track(pub, name, layers=6)
+        for g in (4, 5):  # live: Groups 4 and 5 only, each with its End of Group at {g, 2}
+            await t.group(g, [up.payloads[Location(g, i)] for i in range(2)])
+        await wait_cached(b, name, Location(5, 2))
+        c = await client(b)
+        resp, got = await fetch_objects(c, name, Params(
+            location_filter=LocationFilter.absolute_group_end(1, 0, 1)))
+        assert resp.end_location == Location(1, 1)
+        assert got == {loc: p for loc, p in up.payloads.items() if loc.group == 1}
+        fetches = b.relay.counters.upstream_fetches
+        resp, got = await fetch_objects(c, name, Params(
+            location_filter=LocationFilter.absolute_group_end(4, 3, 4)))
+        assert resp.end_location == Location(4, 3) and got == {}
+        assert b.relay.counters.upstream_fetches == fetches
+    finally:
+        await b.close()
 
 
 async def test_objects_an_upstream_fetch_brought_and_the_cache_evicted_are_not_absent(
@@ -408,3 +497,206 @@ async def test_objects_an_upstream_fetch_brought_and_the_cache_evicted_are_not_a
                 isinstance(e, RangeMarker) and e.end.group == loc.group for e in events), loc
     finally:
         await b.close()
+
+
+async def test_a_fill_is_served_in_its_effective_group_order(tmp_path: Path) -> None:
+    """A fill's Group Order (§9.4) is its own GROUP_ORDER, else the subscription's, else the
+    Track's DEFAULT_PUBLISHER_GROUP_ORDER, else Ascending: the order the subscriber decodes
+    the fill's Group deltas with. Another Track Property whose value happens to be a Group
+    Order decides nothing."""
+    asc, desc = GroupOrder.ASCENDING, GroupOrder.DESCENDING
+    r = await relay_at(tmp_path)
+    properties = {  # the Track's default order, by its Properties
+        desc: (KeyValuePair(PropertyType.DEFAULT_PUBLISHER_GROUP_ORDER, 2),),
+        asc: (KeyValuePair(PropertyType.DEFAULT_PUBLISHER_PRIORITY, 2),)}
+    cases = [  # (the Track's default, the subscription's order, the fill's, the effective)
+        (desc, None, None, desc), (desc, asc, None, asc), (desc, None, asc, asc),
+        (asc, None, None, asc), (asc, desc, None, desc), (asc, None, desc, desc),
+        (asc, desc, asc, asc)]
+    try:
+        pub = await client(r)
+        names = {}
+        for default, props in properties.items():
+            name = FullTrackName(make_ns(), b"k.raw.s0")
+            t = await push_track(pub, name, layers=3, properties=props)
+            for g in range(3):
+                await t.group(g, group_payloads(g, 2, size=100))
+            await t.end()
+            assert await r.relay.wait_committed(name, TIMEOUT)
+            names[default] = (name, t.sent)
+        c = await client(r)
+        for default, sub_order, fill_order, effective in cases:
+            name, sent = names[default]
+            sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+                location_filter=LocationFilter.next_object(), group_order=sub_order,
+                fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
+                            group_order=fill_order))), TIMEOUT)
+            async with asyncio.timeout(TIMEOUT):
+                got = await drain(sub)
+            groups = [2, 1, 0] if effective == desc else [0, 1, 2]
+            assert list(got.objects) == [Location(g, i) for g in groups for i in range(2)], \
+                (default, sub_order, fill_order)
+            assert got.objects == sent
+    finally:
+        await r.close()
+
+
+async def test_a_fill_ending_at_an_end_of_group_ends_that_group_on_the_live_path(
+        tmp_path: Path) -> None:
+    """L is Group 0's End of Group: the fill delivers Group 0 but cannot carry that status
+    (§11.4), and the live part starts after L. The live path says the Group is over with an
+    empty subgroup stream flagged END_OF_GROUP (Forwarder.announce_group_end)."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=2)
+        await t.group(0, group_payloads(0, 3, size=100))
+        await wait_cached(r, name, Location(0, 3))
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, live_params()),
+                                     TIMEOUT)
+        assert sub.largest == Location(0, 3)
+        await t.group(1, group_payloads(1, 3, size=100))
+        await t.end()
+        live_objects: dict[int, list[int]] = {}
+        group_ends: list[int] = []
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in sub:
+                if isinstance(ev, ReceivedObject) and ev.stream.header is not None:
+                    live_objects.setdefault(ev.group, []).append(ev.object_id)
+                elif isinstance(ev, StreamEnded) and ev.fin and ev.stream.header is not None \
+                        and ev.stream.header.end_of_group:
+                    group_ends.append(ev.stream.header.group_id)
+        assert 0 not in live_objects and live_objects[1][:3] == [0, 1, 2]
+        assert 0 in group_ends
+    finally:
+        await r.close()
+
+
+async def test_a_fills_range_is_its_own_location_filter_else_the_subscriptions(
+        tmp_path: Path) -> None:
+    """FILL_PARAMETERS' LOCATION_FILTER gives the fill's range, clipped to L (§9.4, §6.3);
+    without one the subscription's applies; a filter of type None (or none anywhere) is
+    the whole Track up to L; a range starting past L opens no fill stream at all."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    lf = LocationFilter
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=3)
+        for g in range(3):
+            await t.group(g, group_payloads(g, 2, size=100))
+        await t.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        await pub.aclose()
+        c = await client(r)
+        cases = [  # (the subscription's filter, the fill's filter, the Groups filled)
+            (lf.next_object(), lf.absolute_start(1, 0), [1, 2]),
+            (lf.absolute_start(2, 0), None, [2]),
+            (None, None, [0, 1, 2]),
+            (lf.absolute_start(2, 0), lf.none(), [0, 1, 2]),
+            (lf.next_object(), lf.absolute_start(5, 0), []),
+        ]
+        for sub_filter, fill_filter, groups in cases:
+            sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+                location_filter=sub_filter, fill=Params(location_filter=fill_filter))),
+                TIMEOUT)
+            filled: list[Location] = []
+            fill_streams = 0
+            async with asyncio.timeout(TIMEOUT):
+                async for ev in sub:
+                    if isinstance(ev, ReceivedObject) and ev.stream.source == Source.FILL:
+                        filled.append(ev.location)
+                    elif isinstance(ev, StreamEnded) and ev.stream.source == Source.FILL:
+                        fill_streams += 1
+            assert filled == [Location(g, i) for g in groups for i in range(2)], \
+                (sub_filter, fill_filter)
+            assert fill_streams == (1 if groups else 0)
+    finally:
+        await r.close()
+
+
+async def test_a_fill_and_a_fetch_report_their_own_duration(tmp_path: Path) -> None:
+    """The latency a fill or a FETCH reports when it ends (the histograms' observation,
+    ``ServedCounters.observe``) is its own duration: above zero, below the test's."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    seen: dict[str, list[float]] = {"fill": [], "fetch": []}
+    r.relay.counters.fill.observe = seen["fill"].append
+    r.relay.counters.fetch.observe = seen["fetch"].append
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=2)
+        for g in range(2):
+            await t.group(g, group_payloads(g, 2, size=100))
+        await t.end()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, live_params()),
+                                     TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        _, fetched = await fetch_objects(c, name)
+        assert got.objects == fetched == t.sent
+        counters = r.relay.counters
+        async with asyncio.timeout(TIMEOUT):  # each reports as it leaves in_flight
+            while counters.fill.in_flight.count or counters.fetch.in_flight.count:
+                await asyncio.sleep(0)
+        elapsed = loop.time() - started
+        assert len(seen["fill"]) == len(seen["fetch"]) == 1
+        assert all(0 < s[0] < elapsed for s in seen.values()), seen
+    finally:
+        await r.close()
+
+
+@pytest.mark.parametrize("path", ["fill", "fetch"])
+async def test_the_groups_a_slow_fill_or_fetch_walks_stay_in_memory(tmp_path: Path,
+                                                                    path: str) -> None:
+    """A fill or FETCH pins the Groups it walks in the memory tier (storage.memory's
+    leases): a slow subscriber's walk of a live Track (nothing in LMDB yet) still gets every
+    Object of them after newer Groups pushed the tier over its size."""
+    r = await relay_at(tmp_path, memory_bytes=1 << 20, send_buffer_bytes=64 * 1024)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=8)
+        for g in range(3):
+            await t.group(g, group_payloads(g, 8, size=32 * 1024))
+        await wait_cached(r, name, Location(2, 8))
+        # a slow link: small QUIC windows and a small receive queue, not read at first
+        c = await client(r, config=SessionConfig(receive_queue=2),
+                         settings=QuicSettings(max_data=128 * 1024, max_stream_data=64 * 1024))
+        served = r.relay.counters.fill if path == "fill" else r.relay.counters.fetch
+        walk: Subscription | FetchResponse
+        if path == "fill":
+            walk = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+                location_filter=LocationFilter.next_object(),
+                fill=Params(location_filter=LocationFilter.absolute_start(0, 0)))), TIMEOUT)
+        else:
+            walk = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                location_filter=LocationFilter.absolute_range(Location(0, 0),
+                                                              Location(2, 7)))), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            while served.in_flight.count == 0:
+                await asyncio.sleep(0)
+        for g in range(3, 7):  # 1 MiB more: the tier evicts what is not pinned
+            await t.group(g, group_payloads(g, 8, size=32 * 1024))
+        await wait_cached(r, name, Location(6, 8))
+        assert r.store.memory.stats()["evicted_groups"] > 0
+        got: dict[Location, bytes] = {}
+        marks: list[RangeMarker] = []
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in walk:
+                if isinstance(ev, RangeMarker):
+                    marks.append(ev)
+                elif isinstance(ev, ReceivedObject) and ev.stream.source is not Source.SUBGROUP:
+                    got[ev.location] = bytes(ev.payload)  # the fill's, not the live part's
+                elif isinstance(ev, StreamEnded) and ev.stream.source is Source.FILL:
+                    break
+        assert marks == []
+        assert got == {loc: p for loc, p in t.sent.items() if loc.group < 3}
+    finally:
+        await r.close()

@@ -22,14 +22,27 @@ from relay_helpers import (
     wait_cached,
 )
 
-from relay.moqt.codes import ObjectStatus, ParameterType, PublishDoneCode, RequestErrorCode
+from relay.moqt.codes import (
+    GroupOrder,
+    ObjectStatus,
+    ParameterType,
+    PublishDoneCode,
+    RequestErrorCode,
+)
 from relay.moqt.kvp import encode_kvps
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.range_filter import Range, RangeFilter
 from relay.service import RunningRelay
-from relay.session import MoqtSession, RequestRejected
+from relay.session import (
+    MoqtSession,
+    ReceivedObject,
+    RequestRejected,
+    Source,
+    StreamEnded,
+    Subscription,
+)
 
 P = ParameterType
 PROP = 0x3800  # an application Property type (§12): its value is Object ID mod 3
@@ -194,5 +207,114 @@ async def test_a_failed_request_update_ends_the_subscription(tmp_path: Path) -> 
         async with asyncio.timeout(TIMEOUT):
             rest = await drain(other)
         assert rest.objects.keys() >= set(_expected(t, range(0, 2), list(range(OBJECTS))))
+    finally:
+        await r.close()
+
+
+async def test_a_request_update_counts_its_fills_ranges_with_the_subscriptions(
+        tmp_path: Path) -> None:
+    """MAX_FILTER_RANGES (16) counts the subscription's Ranges after an update plus its
+    fill's (§6.4, §6.5): 10 + 7 is refused INVALID_FILTER though each is within it."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=1)
+        await _group(t, 0)
+        await wait_cached(r, name, Location(0, OBJECTS))
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.next_object(),
+            range_filters=(_f(P.OBJECTID_FILTER, 0, *((2 * i, 2 * i) for i in range(10))),))),
+            TIMEOUT)
+        with pytest.raises(RequestRejected) as refused:
+            await asyncio.wait_for(sub.update(Params(fill=Params(
+                location_filter=LocationFilter.absolute_start(0, 0),
+                range_filters=(_f(P.SUBGROUP_FILTER, 0, *((i, i) for i in range(7))),)))),
+                TIMEOUT)
+        assert refused.value.code == RequestErrorCode.INVALID_FILTER
+    finally:
+        await r.close()
+
+
+async def test_a_request_update_moves_the_live_window(tmp_path: Path) -> None:
+    """A new Location filter in REQUEST_UPDATE moves the subscription's window (§7.5),
+    resolved against the Largest Object at the update: Relative Start 0 begins at the next
+    Group (the rest of the current one is not forwarded); an Absolute Range starts inside a
+    later Group and ends at its End of Group."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=4)
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_start(0, 0))), TIMEOUT)
+        w = await t.served.open_subgroup(0, 0, 0)
+        for i in range(3):
+            await w.write_object(i, bytes([0, i]))
+        await wait_cached(r, name, Location(0, 2))
+        await asyncio.wait_for(sub.update(Params(
+            location_filter=LocationFilter.relative_start(0))), TIMEOUT)
+        for i in range(3, 6):
+            await w.write_object(i, bytes([0, i]))
+        await w.write_status(6, ObjectStatus.END_OF_GROUP, fin=True)
+        await t.group(1, [bytes([1, i]) for i in range(6)])
+        await wait_cached(r, name, Location(1, 6))
+        await asyncio.wait_for(sub.update(Params(location_filter=LocationFilter.absolute_range(
+            Location(2, 2), Location(2, 6)))), TIMEOUT)
+        for g in (2, 3):
+            await t.group(g, [bytes([g, i]) for i in range(6)])
+        await t.end()
+        async with asyncio.timeout(TIMEOUT):
+            got = await drain(sub)
+        assert sorted(got.objects) == [Location(0, i) for i in range(3)] + \
+            [Location(1, i) for i in range(6)] + [Location(2, i) for i in range(2, 6)]
+    finally:
+        await r.close()
+
+
+async def _fill_of(sub: Subscription) -> list[Location]:
+    """The Objects of the subscription's next fill stream, in the order they came."""
+    got: list[Location] = []
+    async with asyncio.timeout(TIMEOUT):
+        async for ev in sub:
+            if isinstance(ev, ReceivedObject) and ev.stream.source is Source.FILL:
+                got.append(ev.location)
+            elif isinstance(ev, StreamEnded) and ev.stream.source is Source.FILL:
+                assert ev.fin
+                return got
+    raise AssertionError("the subscription ended before its fill")
+
+
+async def test_a_request_updates_fill_inherits_what_it_does_not_give(tmp_path: Path) -> None:
+    """A fill asked with REQUEST_UPDATE takes from the subscription what its
+    FILL_PARAMETERS leave out (§6.4): the Location filter (from {1,0}), the Group Order
+    (Descending) and the Range filters (Subgroup 5: odd IDs). Its own GROUP_ORDER replaces
+    the subscription's, and its stream carries the update's Request ID, by which the
+    subscriber knows the order to decode it with (§9.1, §9.4)."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=4)
+        for g in range(3):
+            await _group(t, g)
+        await wait_cached(r, name, Location(2, OBJECTS))
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.absolute_start(1, 0),
+            group_order=GroupOrder.DESCENDING,
+            range_filters=(_f(P.SUBGROUP_FILTER, 0, (5, 5)),))), TIMEOUT)
+        odd = [1, 3, 5]
+        await asyncio.wait_for(sub.update(Params(fill=Params())), TIMEOUT)
+        assert await _fill_of(sub) == [Location(g, i) for g in (2, 1) for i in odd]
+        await asyncio.wait_for(sub.update(Params(fill=Params(
+            group_order=GroupOrder.ASCENDING))), TIMEOUT)
+        assert await _fill_of(sub) == [Location(g, i) for g in (1, 2) for i in odd]
+        await t.end()
+        async with asyncio.timeout(TIMEOUT):
+            rest = await drain(sub)
+        assert rest.objects == {} and rest.done is not None
     finally:
         await r.close()

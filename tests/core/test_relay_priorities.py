@@ -21,6 +21,7 @@ from relay_helpers import (
     wait_cached,
 )
 
+from relay.core.scheduler import DEFAULT_SUBSCRIBER_PRIORITY
 from relay.moqt.codes import ObjectStatus
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
@@ -103,35 +104,65 @@ async def test_more_important_objects_overtake_under_contention(tmp_path: Path,
         await r.close()
 
 
-async def _fill_or_fetch(c: Any, name: FullTrackName, path: str) -> Any:
+async def _fill_or_fetch(c: Any, name: FullTrackName, path: str, priority: int) -> Any:
+    """A FETCH of the whole Track, or a subscription whose fill replays it: with SUBSCRIBE,
+    or with the fill's own Subscriber Priority; for "update-fill" a subscription with that
+    priority and no fill yet (its REQUEST_UPDATE asks for it)."""
     if path == "fetch":
         return await asyncio.wait_for(c.fetch(name.namespace, name.name), TIMEOUT)
-    return await asyncio.wait_for(c.subscribe(name.namespace, name.name, live_params()),
-                                  TIMEOUT)
+    if path == "fetch-priority":  # the later layers' own 200; the earlier ones' default
+        return await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+            subscriber_priority=priority if priority > DEFAULT_SUBSCRIBER_PRIORITY else None)),
+            TIMEOUT)
+    if path == "fill":
+        params = live_params()
+    elif path == "fill-priority":  # the fill's own priority, the subscription's default
+        params = Params(location_filter=LocationFilter.next_object(),
+                        fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
+                                    subscriber_priority=priority))
+    else:
+        params = Params(location_filter=LocationFilter.next_object(),
+                        subscriber_priority=priority)
+    return await asyncio.wait_for(c.subscribe(name.namespace, name.name, params), TIMEOUT)
 
 
-@pytest.mark.parametrize("path", ["fetch", "fill"])
+@pytest.mark.parametrize("path", ["fetch", "fill", "fetch-priority", "fill-priority",
+                                  "update-fill"])
 async def test_fills_and_fetches_take_their_turn_by_priority(tmp_path: Path,
                                                              path: str) -> None:
     """Earlier layers first whichever path carries them: Objects on fill and fetch streams
-    are scheduled with the session's other writes (§13, §9.4), not written around them."""
+    are scheduled with the session's other writes (§13, §9.4), not written around them.
+    By Publisher Priority for a FETCH and a fill; by Subscriber Priority (the later layers'
+    200, the earlier ones' 1, equal Publisher Priorities) for a fill that gives its own and
+    for a fill a REQUEST_UPDATE asks for (the subscription's); for FETCHes, the later
+    layers' 200 against the default of one that gives none."""
     r = await relay_at(tmp_path, send_buffer_bytes=64 * 1024)
     ns = make_ns()
     late, early = FullTrackName(ns, b"k.raw.s1"), FullTrackName(ns, b"k.raw.s0")
+    by_publisher = path in ("fetch", "fill")
+    updates: list[asyncio.Future[Any]] = []
     try:
         pub = await client(r)
         for name, prio in ((late, 200), (early, 1)):
             t = await push_track(pub, name, layers=GROUPS, announce=name == late)
-            await _push(t, prio, GROUPS)
+            await _push(t, prio if by_publisher else 64, GROUPS)
             await wait_cached(r, name, Location(GROUPS - 1, 8))
         sub = await client(r, config=SessionConfig(receive_queue=2),
                            settings=QuicSettings(max_data=128 * 1024,
                                                  max_stream_data=64 * 1024))
         # the later layers are asked for first, the earlier ones after them; both are
         # being written before the subscriber reads anything
-        resp_late = await _fill_or_fetch(sub, late, path)
-        resp_early = await _fill_or_fetch(sub, early, path)
-        served = r.relay.counters.fetch if path == "fetch" else r.relay.counters.fill
+        resp_late = await _fill_or_fetch(sub, late, path, 200)
+        resp_early = await _fill_or_fetch(sub, early, path, 1)
+        served = r.relay.counters.fetch if path.startswith("fetch") else r.relay.counters.fill
+        if path == "update-fill":
+            # the replies may wait behind the fills: they are awaited after reading
+            fill = Params(fill=Params(location_filter=LocationFilter.absolute_start(0, 0)))
+            for n, s in enumerate((resp_late, resp_early)):
+                updates.append(asyncio.ensure_future(s.update(fill)))
+                async with asyncio.timeout(TIMEOUT):
+                    while served.in_flight.count <= n:
+                        await asyncio.sleep(0)
         async with asyncio.timeout(TIMEOUT):
             while served.in_flight.count < 2:
                 await asyncio.sleep(0)
@@ -140,7 +171,10 @@ async def test_fills_and_fetches_take_their_turn_by_priority(tmp_path: Path,
         tail = order[last_early + 1:]
         # only what was already in flight precedes the last of the earlier layers
         assert tail == ["late"] * len(tail) and len(tail) >= GROUPS * 8 - 16, order
+        await asyncio.wait_for(asyncio.gather(*updates), TIMEOUT)
     finally:
+        for u in updates:
+            u.cancel()
         await r.close()
 
 

@@ -185,6 +185,30 @@ async def test_tokens_limit_scopes_and_namespace_answers(tmp_path: Path) -> None
         await r.close()
 
 
+async def test_a_subscribe_in_a_reserved_namespace_does_not_exist(tmp_path: Path) -> None:
+    """A namespace whose first field starts with "." is reserved: SUBSCRIBE there is
+    DOES_NOT_EXIST even while a Track of it is pushed to the relay; the same Track name under
+    a namespace that has "." only in a later field is served."""
+    r = await relay_at(tmp_path)
+    field = os.urandom(8)
+    reserved = FullTrackName((b".kvcs", field), b"k.raw.s0")
+    ordinary = FullTrackName((b"kvcs", b"." + field), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        for name in (reserved, ordinary):
+            t = await push_track(pub, name, layers=1)
+            await t.group(0, group_payloads(0, 1, size=100))
+            await wait_cached(r, name, Location(0, 1))
+        c = await client(r)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.subscribe(reserved.namespace, reserved.name), TIMEOUT)
+        assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
+        sub = await asyncio.wait_for(c.subscribe(ordinary.namespace, ordinary.name), TIMEOUT)
+        assert sub.largest == Location(0, 1)
+    finally:
+        await r.close()
+
+
 async def test_random_payloads_pass_bit_identical(tmp_path: Path) -> None:
     r = await relay_at(tmp_path)
     name = FullTrackName((b"not-kvcs", os.urandom(7)), os.urandom(12))

@@ -55,7 +55,8 @@ async def test_track_status_of_lmdb_only_and_upstream_tracks(tmp_path: Path) -> 
 
 async def test_the_first_track_status_during_an_outage_is_timeout(tmp_path: Path) -> None:
     """The relay's very first request to a dead upstream (its dial fails while the request
-    waits for it) is TIMEOUT "upstream unreachable", never DOES_NOT_EXIST."""
+    waits for it) is TIMEOUT "upstream unreachable", never DOES_NOT_EXIST; and so is a
+    FETCH or SUBSCRIBE of a Track the relay knows nothing of while it is unreachable."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))  # a port nothing answers on
         port = s.getsockname()[1]
@@ -67,5 +68,40 @@ async def test_the_first_track_status_during_an_outage_is_timeout(tmp_path: Path
             await asyncio.wait_for(c.track_status(make_ns(), b"k.raw.s0"), TIMEOUT)
         assert e.value.code == RequestErrorCode.TIMEOUT
         assert e.value.reason == UNREACHABLE
+        # a FETCH or SUBSCRIBE of a Track only the upstream relay could have: TIMEOUT too
+        for ask in (c.fetch, c.subscribe):
+            with pytest.raises(RequestRejected) as e:
+                await asyncio.wait_for(ask(make_ns(), b"k.raw.s0"), TIMEOUT)
+            assert e.value.code == RequestErrorCode.TIMEOUT
+            assert e.value.reason == UNREACHABLE
     finally:
         await r.close()
+
+
+async def test_a_fetch_answered_does_not_exist_before_an_outage_stays_so(
+        tmp_path: Path) -> None:
+    """A FETCH refused DOES_NOT_EXIST (the upstream relay reachable, nobody publishes the
+    Track) is remembered: once the upstream relay is gone, the same FETCH is still
+    DOES_NOT_EXIST, not TIMEOUT "upstream unreachable" (what was learned still holds)."""
+    a = await relay_at(tmp_path / "a")
+    b = await relay_at(tmp_path / "b", upstream=[a.url], upstream_idle_timeout=0.5)
+    ns = make_ns()
+    try:
+        c = await client(b)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(ns, b"k.raw.s0", Params(fill_timeout=3000)),
+                                   TIMEOUT)
+        assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
+        await a.close()
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(ns, b"k.raw.s0", Params(fill_timeout=3000)),
+                                   TIMEOUT)
+        assert e.value.code == RequestErrorCode.DOES_NOT_EXIST
+        assert b.relay.upstream is not None and b.relay.upstream.unreachable
+        with pytest.raises(RequestRejected) as e:  # a Track never asked for: TIMEOUT
+            await asyncio.wait_for(c.fetch(make_ns(), b"k.raw.s0", Params(fill_timeout=3000)),
+                                   TIMEOUT)
+        assert e.value.code == RequestErrorCode.TIMEOUT
+    finally:
+        await b.close()
+        await a.close()

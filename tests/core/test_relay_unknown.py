@@ -21,6 +21,7 @@ from relay_helpers import (
 )
 
 from relay.core.relay import RelayOptions
+from relay.core.upstream import UNREACHABLE
 from relay.moqt.codes import EndOfRangeType, ObjectStatus, RequestErrorCode
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
@@ -224,6 +225,141 @@ async def test_an_upstream_that_never_answers_costs_a_fetch_its_fill_timeout_onl
         assert [(e.type, e.end) for e in events] == \
             [(EndOfRangeType.TIMED_OUT, Location(0, 5))]
         assert up.fetches == 1
+    finally:
+        up.never.set()
+        await r.close()
+
+
+async def test_a_fills_own_fill_timeout_bounds_its_wait_for_the_upstream(
+        tmp_path: Path) -> None:
+    """FILL_PARAMETERS' FILL_TIMEOUT (milliseconds, §9.4) bounds what a fill waits for an
+    upstream that never answers, not the relay's default (set far above the test's bound):
+    the Group that never came is reported Timed-Out and the rest is served."""
+    r = await relay_at(tmp_path, options=RelayOptions(in_flight_wait=0,
+                                                      default_fill_timeout=TIMEOUT * 2))
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _SilentFetchPublisher()
+    try:
+        pub = await client(r, handler=up)
+        t = await push_track(pub, name, layers=2)
+        await t.group(1, group_payloads(1, 2, size=100))  # Group 0 never came this way
+        await wait_cached(r, name, Location(1, 2))
+        c = await client(r)
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
+            location_filter=LocationFilter.next_object(),
+            fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
+                        fill_timeout=300))), TIMEOUT)
+        marks: list[EndOfRangeType] = []
+        filled: list[Location] = []
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in sub:
+                if isinstance(ev, RangeMarker):
+                    marks.append(ev.type)
+                elif isinstance(ev, StreamEnded) and ev.stream.source is Source.FILL:
+                    assert ev.fin
+                    break
+                elif isinstance(ev, ReceivedObject) and ev.stream.source is Source.FILL:
+                    filled.append(ev.location)
+        assert marks == [EndOfRangeType.TIMED_OUT]
+        assert filled == [Location(1, 0), Location(1, 1)]
+        assert up.fetches == 1
+    finally:
+        up.never.set()
+        await r.close()
+
+
+async def test_a_fetch_of_an_unknown_track_waits_for_its_source_its_fill_timeout_only(
+        tmp_path: Path) -> None:
+    """A FETCH of a Track the relay holds nothing of asks the publisher of its namespace
+    (pull-through) within the request's FILL_TIMEOUT: a source that never answers costs
+    that, and the FETCH is refused TIMEOUT, not left waiting (§9.6)."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _SilentFetchPublisher()
+    try:
+        pub = await client(r, handler=up)
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        c = await client(r)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                fill_timeout=300)), TIMEOUT)
+        assert e.value.code == RequestErrorCode.TIMEOUT
+        assert up.fetches == 1
+    finally:
+        up.never.set()
+        await r.close()
+
+
+async def test_a_fetch_past_a_known_end_of_track_asks_no_source(tmp_path: Path) -> None:
+    """Past a Track's End of Track nothing can ever be published: a FETCH starting there is
+    refused INVALID_RANGE at once, its publisher (still connected) never asked."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _SilentFetchPublisher()
+    try:
+        pub = await client(r, handler=up)
+        t = await push_track(pub, name, layers=2)
+        for g in range(2):
+            await t.group(g, group_payloads(g, 2, size=100))
+        await t.end()  # End of Track at {2, 0}
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        c = await client(r)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                location_filter=LocationFilter.absolute_start(5, 0), fill_timeout=300)),
+                TIMEOUT)
+        assert e.value.code == RequestErrorCode.INVALID_RANGE
+        assert up.fetches == 0
+    finally:
+        up.never.set()
+        await r.close()
+
+
+async def test_a_fetch_its_namespaces_publisher_cannot_answer_is_invalid_range(
+        tmp_path: Path) -> None:
+    """A FETCH of a Track the relay holds nothing of, whose namespace has a publisher that
+    refuses it: INVALID_RANGE "nothing published" (the namespace is served, this range of
+    it is not), never DOES_NOT_EXIST, which only a namespace nobody publishes gets."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)  # its SessionHandler refuses every FETCH
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        c = await client(r)
+        for ns, code in ((name.namespace, RequestErrorCode.INVALID_RANGE),
+                         (make_ns(), RequestErrorCode.DOES_NOT_EXIST)):
+            with pytest.raises(RequestRejected) as e:
+                await asyncio.wait_for(c.fetch(ns, name.name), TIMEOUT)
+            assert e.value.code == code
+    finally:
+        await r.close()
+
+
+async def test_a_fetch_past_what_the_relay_saw_of_an_ended_publication_times_out(
+        tmp_path: Path) -> None:
+    """The publisher stopped publishing without an End of Track: what lies past the Largest
+    Object the relay saw is not known. A FETCH starting there asks the publisher, which
+    never answers: TIMEOUT "upstream unreachable" (counted), not INVALID_RANGE."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _SilentFetchPublisher()
+    try:
+        pub = await client(r, handler=up)
+        t = await push_track(pub, name, layers=2)
+        await t.group(0, group_payloads(0, 2, size=100))
+        await wait_cached(r, name, Location(0, 2))
+        await asyncio.wait_for(t.served.done(), TIMEOUT)  # PUBLISH_DONE, no End of Track
+        track = r.relay.tracks[name]
+        async with asyncio.timeout(TIMEOUT):
+            while track.live:
+                await track.wait_change(TIMEOUT)
+        c = await client(r)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+                location_filter=LocationFilter.absolute_start(3, 0), fill_timeout=300)),
+                TIMEOUT)
+        assert (e.value.code, e.value.reason) == (RequestErrorCode.TIMEOUT, UNREACHABLE)
+        assert r.relay.counters.upstream_unreachable == 1 and up.fetches == 1
     finally:
         up.never.set()
         await r.close()

@@ -49,6 +49,72 @@ def test_commit_reopen_bit_identical(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_store_opens_in_a_new_nested_directory_and_syncs_its_commits(
+        tmp_path: Path) -> None:
+    """The directory is made with its parents; by default each commit is flushed to disk
+    (LMDB's sync; only the meta page's flush is left to the OS, metasync off), and the map
+    may grow to twice the capacity plus 16 MiB (B-tree pages, page rounding, pages freed
+    while readers still need them)."""
+    store = LmdbStore(tmp_path / "a" / "b", capacity=1 << 20)
+    assert store.stats()["map_limit"] == 2 * (1 << 20) + (16 << 20)
+    flags = store._env.flags()
+    assert flags["sync"] and not flags["metasync"]
+    assert not flags["readahead"]  # Groups are read at random: no OS readahead
+    store.commit_track(track_key(0), full_track([1]))
+    assert store.tracks() == [track_key(0)]
+    store.close()
+    store = LmdbStore(tmp_path / "c", capacity=1 << 20, sync=False)  # asked not to sync
+    assert not store._env.flags()["sync"]
+    store.close()
+
+
+def test_a_reopened_store_starts_from_the_map_it_had_grown_to(tmp_path: Path) -> None:
+    """A map an earlier run grew is reopened at least at its file's size, not at
+    ``initial_map_size``, and grows on from there."""
+    def open_store() -> LmdbStore:
+        return LmdbStore(tmp_path, capacity=1 << 30, map_limit=4 << 20,
+                         initial_map_size=256 * KiB)
+
+    groups = full_track([16], size=32 * KiB)  # ~400 KiB per track
+    store = open_store()
+    for i in range(3):
+        store.commit_track(track_key(i), groups)
+    assert store.stats()["map_size"] > 256 * KiB
+    store.close()
+    on_disk = (tmp_path / "data.mdb").stat().st_size
+    store = open_store()
+    assert store.stats()["map_size"] == on_disk > 256 * KiB
+    for i in range(3, 6):
+        store.commit_track(track_key(i), groups)
+    assert store.tracks() == [track_key(i) for i in range(6)]
+    assert store.stats()["map_size"] > on_disk
+    store.close()
+
+
+def test_the_files_layout_is_the_documented_one(tmp_path: Path) -> None:
+    """The named databases and counters of the module's docstring: what a data directory
+    an earlier run (or another version) wrote holds, read with LMDB alone."""
+    clock = Clock()
+    store = LmdbStore(tmp_path, capacity=1 << 20, clock=clock)
+    groups = full_track([2, 1])
+    size = store.commit_track(track_key(0), groups, properties=b"props",
+                              expires_at=clock.now + 60)
+    store.close()
+    env = lmdb.open(str(tmp_path), readonly=True, lock=False, max_dbs=8)
+    try:
+        with env.begin() as txn:
+            entries = {name.decode(): txn.stat(env.open_db(name, txn=txn, create=False))[
+                "entries"] for name in (b"names", b"tracks", b"expiry", b"groups", b"lru",
+                                         b"props")}
+            counters = {k.decode(): int.from_bytes(txn.get(k), "big")
+                        for k in (b"next_id", b"seq", b"bytes")}
+    finally:
+        env.close()
+    assert entries == {"names": 1, "tracks": 1, "expiry": 1, "groups": len(groups), "lru": 1,
+                       "props": 1}
+    assert counters == {"next_id": 2, "seq": 1, "bytes": size}
+
+
 def test_long_binary_track_names(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path, capacity=1 << 20)
     t = (tuple(bytes([i]) * 200 for i in range(10)), b"\x00\xff" * 300)  # > 511-byte LMDB keys
@@ -114,6 +180,43 @@ def test_lru_eviction_order_survives_restart(tmp_path: Path) -> None:
     assert store.bytes_used == 3 * size <= capacity
     assert store.stats()["evicted_tracks"] == 1
     assert store.stats()["groups"] == 3 * len(groups)  # no Group of track 1 left behind
+    store.close()
+
+
+def test_uses_since_the_last_write_keep_their_order_not_the_track_ids(tmp_path: Path) -> None:
+    """Uses recorded by readers between writes are written in the order they happened: a
+    track read after another is the more recently used, whatever their track ids."""
+    clock = Clock()
+    groups = full_track([2], size=KiB)
+    store = LmdbStore(tmp_path, capacity=1 << 20, clock=clock)
+    for i in range(3):
+        store.commit_track(track_key(i), groups)
+    for i in (1, 0):  # track 1 used first, then track 0 (the lower id)
+        clock.now += 1
+        with store.session() as s:
+            assert s.info(track_key(i)) is not None
+    store.flush_usage()
+    assert store.tracks() == [track_key(2), track_key(1), track_key(0)]
+    store.close()
+
+
+def test_a_use_of_a_track_removed_meanwhile_loses_no_later_use(tmp_path: Path) -> None:
+    """A read session opened before a track was deleted still sees it and records a use of
+    it; writing the uses skips that one and keeps the later ones."""
+    clock = Clock()
+    groups = full_track([2], size=KiB)
+    store = LmdbStore(tmp_path, capacity=1 << 20, clock=clock)
+    for i in range(3):
+        store.commit_track(track_key(i), groups)
+    with store.session() as old:
+        assert store.delete_track(track_key(0))
+        clock.now += 1
+        assert old.info(track_key(0)) is not None  # its snapshot predates the delete
+    clock.now += 1
+    with store.session() as s:
+        assert s.info(track_key(1)) is not None
+    store.flush_usage()
+    assert store.tracks() == [track_key(2), track_key(1)]
     store.close()
 
 
@@ -258,6 +361,74 @@ def test_a_resize_waits_for_a_read_session_on_another_thread(tmp_path: Path) -> 
     assert commit.result(10.0) > 0
     assert store.stats()["map_size"] > 128 * KiB
     assert _stored(store, track_key(1)) == describe(flat(full_track([16], size=32 * KiB)))
+    store.close()
+
+
+def test_a_thread_inside_a_session_opens_another_during_a_pending_resize(
+        tmp_path: Path) -> None:
+    """A thread already holding a session may open another while the writer waits to
+    resize (for that very session): waiting there would deadlock the two."""
+    store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=4 << 20,
+                      initial_map_size=128 * KiB, resize_wait=2.0)
+    store.commit_track(track_key(0), full_track([1]))
+    with store.session() as s:
+        assert s.info(track_key(0)) is not None
+        commit = store.submit(store.commit_track, track_key(1),
+                              full_track([16], size=32 * KiB))
+        with store._gate._cond:  # the writer is now waiting for this session to close
+            assert store._gate._cond.wait_for(lambda: store._gate.resizing, 10.0)
+        with store.session() as nested:
+            assert nested.info(track_key(0)) is not None
+        assert not commit.done()
+    assert commit.result(10.0) > 0  # the resize went ahead once both were closed
+    assert store.stats()["map_size"] > 128 * KiB
+    store.close()
+
+
+def test_a_new_read_session_waits_for_a_pending_resize(tmp_path: Path) -> None:
+    """A session opened while the writer waits to resize (for another thread's session)
+    waits for the resize, also on a thread that held and closed sessions before: it then
+    sees the grown map, and its views are never remapped under it."""
+    import threading
+    import time
+
+    store = LmdbStore(tmp_path, capacity=1 << 30, map_limit=4 << 20,
+                      initial_map_size=128 * KiB, resize_wait=2.0)
+    store.commit_track(track_key(0), full_track([1]))
+    gate = store._gate
+    holding, release, go, entered = (threading.Event() for _ in range(4))
+    seen: list[int] = []
+
+    def holder() -> None:
+        with store.session():
+            holding.set()
+            release.wait(10.0)
+
+    def reader() -> None:
+        with store.session() as s:  # an earlier session of this thread, closed
+            assert s.info(track_key(0)) is not None
+        go.wait(10.0)
+        with store.session():
+            entered.set()
+            seen.append(store._env.info()["map_size"])
+
+    threads = [threading.Thread(target=holder), threading.Thread(target=reader)]
+    threads[0].start()
+    assert holding.wait(10.0)
+    threads[1].start()
+    commit = store.submit(store.commit_track, track_key(1), full_track([16], size=32 * KiB))
+    with gate._cond:  # the writer is now waiting for the holder's session to close
+        assert gate._cond.wait_for(lambda: gate.resizing, 10.0)
+    go.set()
+    deadline = time.monotonic() + 10.0  # until the reader waits at the gate (or got in)
+    while not entered.is_set() and len(gate._cond._waiters) < 2:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline
+        entered.wait(0.001)
+    release.set()
+    assert commit.result(10.0) > 0
+    for t in threads:
+        t.join(10.0)
+    assert seen and seen[0] > 128 * KiB  # it got in only after the map grew
     store.close()
 
 

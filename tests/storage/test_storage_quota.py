@@ -188,6 +188,16 @@ def test_memory_books_charge_the_group_overhead_once() -> None:
     assert mem.scopes.held[A] == mem.bytes_used
 
 
+def test_lmdb_keeps_no_books_without_an_lmdb_quota(tmp_path: Path) -> None:
+    """Quotas for the memory tier only: the LMDB tier keeps no per-scope books (nothing of
+    it is exported per scope) and evicts by its global LRU alone."""
+    with LmdbStore(tmp_path, 100 * PAYLOAD, quotas=ScopeQuotas(memory_default=GROUP)) as db:
+        assert db.quotas is None
+        for i in range(3):
+            db.commit_track(_key(A, i), _track())
+        assert db.scopes.held == {} and db.scopes.evictions == {}
+
+
 def test_memory_keeps_no_books_without_a_memory_quota() -> None:
     """Quotas for LMDB only: the memory tier keeps no per-scope books and evicts by its
     global LRU alone."""

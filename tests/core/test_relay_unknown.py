@@ -204,19 +204,26 @@ class _SilentFetchPublisher(SessionHandler):
         await self.never.wait()
 
 
+async def _group_1_without_group_0(r: RunningRelay, up: _SilentFetchPublisher
+                                   ) -> tuple[FullTrackName, MoqtSession]:
+    """A Track pushed by a publisher that answers no FETCH, of which the relay saw Group 1
+    but never Group 0; and a client session to ask for it."""
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    pub = await client(r, handler=up)
+    t = await push_track(pub, name, layers=2)
+    await t.group(1, group_payloads(1, 2, size=100))  # Group 0 never came this way
+    await wait_cached(r, name, Location(1, 2))
+    return name, await client(r)
+
+
 async def test_an_upstream_that_never_answers_costs_a_fetch_its_fill_timeout_only(
         tmp_path: Path) -> None:
     """FILL_TIMEOUT bounds the whole FETCH (§9.6): an upstream FETCH still unanswered when it
     runs out is given up, and what it was for is reported Timed-Out."""
     r = await relay_at(tmp_path, options=RelayOptions(in_flight_wait=0))
-    name = FullTrackName(make_ns(), b"k.raw.s0")
     up = _SilentFetchPublisher()
     try:
-        pub = await client(r, handler=up)
-        t = await push_track(pub, name, layers=2)
-        await t.group(1, group_payloads(1, 2, size=100))  # Group 0 never came this way
-        await wait_cached(r, name, Location(1, 2))
-        c = await client(r)
+        name, c = await _group_1_without_group_0(r, up)
         resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
             location_filter=LocationFilter.absolute_range(Location(0, 0), Location(0, 5)),
             fill_timeout=300)), TIMEOUT)
@@ -237,14 +244,9 @@ async def test_a_fills_own_fill_timeout_bounds_its_wait_for_the_upstream(
     the Group that never came is reported Timed-Out and the rest is served."""
     r = await relay_at(tmp_path, options=RelayOptions(in_flight_wait=0,
                                                       default_fill_timeout=TIMEOUT * 2))
-    name = FullTrackName(make_ns(), b"k.raw.s0")
     up = _SilentFetchPublisher()
     try:
-        pub = await client(r, handler=up)
-        t = await push_track(pub, name, layers=2)
-        await t.group(1, group_payloads(1, 2, size=100))  # Group 0 never came this way
-        await wait_cached(r, name, Location(1, 2))
-        c = await client(r)
+        name, c = await _group_1_without_group_0(r, up)
         sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, Params(
             location_filter=LocationFilter.next_object(),
             fill=Params(location_filter=LocationFilter.absolute_start(0, 0),

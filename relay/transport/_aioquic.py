@@ -106,16 +106,12 @@ class CreditedQuicConnection(QuicConnection):
 
     def _write_stream_limits(self, builder: QuicPacketBuilder, space: object,
                              stream: QuicStream) -> None:
-        # Called for every stream for every packet built: keep it lean.
+        # Called for every stream for every packet built, so it only sends: the limit is
+        # raised by AioquicView.consumed, when the application reads. A stream's target
+        # (bytes handed over - unread + window) moves only then, since bytes handed over
+        # and unread grow together when data arrives. (Our own unidirectional streams keep
+        # 0 and 0: nothing to grant.)
         local = stream.max_stream_data_local
-        if not local:
-            return  # our own unidirectional stream: nothing to grant
-        if not stream.receiver.is_finished:
-            window = self.credit_stream_window
-            target = (stream.receiver.starting_offset()
-                      - self.credit_unread.per_stream.get(stream.stream_id, 0) + window)
-            if target - local >= window >> 1:
-                stream.max_stream_data_local = local = target
         if stream.max_stream_data_local_sent != local:
             buf = builder.start_frame(
                 QuicFrameType.MAX_STREAM_DATA,
@@ -244,8 +240,10 @@ class AioquicView:
         left = q.credit_unread.take(stream_id, n)
         stream = q._streams.get(stream_id)
         if stream is not None and not stream.receiver.is_finished:
+            # raised in half-window steps; the next packet built announces it
             target = stream.receiver.starting_offset() - left + q.credit_stream_window
             if target - stream.max_stream_data_local >= q.credit_stream_window >> 1:
+                stream.max_stream_data_local = target
                 return True
         lim = q._local_max_data
         return (lim.used - q.credit_unread.total + q.credit_conn_window - lim.value

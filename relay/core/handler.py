@@ -450,8 +450,8 @@ class RelayHandler(SessionHandler):
             # that is only a lower bound): learn the Track from its sources (pull-through),
             # within the request's FILL_TIMEOUT: a dead upstream must not hold the answer.
             try:
-                answered = await asyncio.wait_for(self._fetch_upstream(track, start, end),
-                                                  timeout)
+                answered = await self._pull_through(_moqt_session(req), track, start, end,
+                                                    timeout)
                 if answered:
                     largest = track.largest()
             except TimeoutError:
@@ -504,7 +504,8 @@ class RelayHandler(SessionHandler):
                                                 ObjectFilter.of(params.range_filters),
                                                 max(0.0, deadline - loop.time()),
                                                 self._fetch_upstream,
-                                                relay.options.in_flight_wait)
+                                                relay.options.in_flight_wait,
+                                                relay.routing.fetch_in_flight)
                 if not stats.reset:
                     await writer.finish()
                 served.done(stats, loop.time() - started)
@@ -512,6 +513,35 @@ class RelayHandler(SessionHandler):
             pass
         finally:
             lease.release()
+
+    async def _pull_through(self, session: MoqtSession, track: RelayTrack, start: Location,
+                            end: Location, timeout: float) -> bool:
+        """Ask the Track's sources for [start, end] (pull-through) and return as soon as one
+        has answered: the Track's Largest Object here has moved (its FETCH_OK's End Location,
+        or its first Object cached). The rest of that upstream FETCH runs on under the
+        session, bounded by ``timeout``, and its Objects are served as they arrive
+        (``serve_range`` waits for it, and for no other upstream FETCH): relays forward
+        Objects as they arrive, through FETCH too, so a consumer at the edge of a tree has
+        the first layer of a long Track before its last one has crossed every hop. True or
+        False as ``_fetch_upstream``; TimeoutError if no source answered in time."""
+
+        async def pull() -> bool | None:
+            try:
+                return await asyncio.wait_for(self._fetch_upstream(track, start, end), timeout)
+            except TimeoutError:
+                return None  # unanswered in time (or every source that took it failed)
+
+        before = track.largest()  # None, or a Largest Object the request starts past
+        job = session.spawn(pull(), "pull-through")
+        while not job.done():
+            now = track.largest()
+            if now is not None and (before is None or now > before):
+                return True
+            await track.wait_change_or(job, None)
+        answered = job.result()
+        if answered is None:
+            raise TimeoutError
+        return answered
 
     async def _group_end_location(self, track: RelayTrack, start: Location, end: Location,
                                   timeout: float) -> Location:

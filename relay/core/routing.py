@@ -238,6 +238,15 @@ class Routing:
             raise TimeoutError("every source that took the upstream FETCH failed")
         return ok
 
+    def fetch_in_flight(self, track: RelayTrack, at: Location
+                        ) -> asyncio.Future[bool | None] | None:
+        """The upstream FETCH on its way for ``track`` whose range holds ``at``, if any: its
+        Objects are cached as they arrive (``_do_fetch``)."""
+        for (name, start, end, _reach), fut in self._fetches.items():
+            if name == track.full_name and start <= at <= end and not fut.done():
+                return fut
+        return None
+
     async def _do_fetch(self, track: RelayTrack, start: Location, end: Location,
                         reach: Reach = Reach.ALL) -> bool | None:
         """True: a source answered the range; False: none has it (refused, or no source);
@@ -268,8 +277,11 @@ class Routing:
                 async for ev in resp:
                     if isinstance(ev, ReceivedObject):
                         self.relay.counters.upstream_fetched_objects += 1
+                        skipped = spans.gap_before(ev.location)
                         spans.object(ev.location)
                         track.append_fetched(stored_object(ev))
+                        if skipped:  # known now, so a FETCH served meanwhile goes past it
+                            track.mark_absent(skipped)
                     elif isinstance(ev, RangeMarker):
                         spans.marker(ev)
                 # FIN, no Range filters: what was skipped up to End Location does not exist

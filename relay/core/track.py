@@ -61,6 +61,8 @@ log = logging.getLogger("kvcs.relay")
 _PASS_THROUGH = {PublishDoneCode.TRACK_ENDED, PublishDoneCode.MALFORMED_TRACK}
 
 UpstreamFetch = Callable[["RelayTrack", Location, Location], Awaitable[bool]]
+# The upstream FETCH on its way whose range holds a Location, if any (Routing).
+InFlightFetch = Callable[["RelayTrack", Location], "asyncio.Future[Any] | None"]
 
 # Bytes of Objects read from the store in one step of a walk before they are written: LMDB
 # views cannot outlive the step, so the LMDB-held ones among them are copied.
@@ -148,6 +150,11 @@ class MarkerSpans:
             self.unknown.append((self.next, ev.end))
         self.element(ev.end)
 
+    def gap_before(self, loc: Location) -> Spans:
+        """The Locations an element at ``loc`` skips: the stream is in order, so they are
+        not there (a marker would have said unknown), whether or not a FIN follows."""
+        return [(self.next, _before(loc))] if self.next < loc else []
+
     def absent(self, start: Location, end: Location) -> Spans:
         """The Locations of [start, end] the stream, ended with FIN, skipped: they do not
         exist. Decided on what the stream carried, never on what the cache holds after it:
@@ -226,6 +233,16 @@ class RelayTrack:
     def note_largest(self, loc: Location | None) -> None:
         if loc is not None and (self.upstream_largest is None or loc > self.upstream_largest):
             self.upstream_largest = loc
+            self._bump()  # a FETCH waiting for a source's answer may go on
+
+    async def wait_change_or(self, other: asyncio.Future[Any], timeout: float | None) -> None:
+        """Until the Track changes, ``other`` is done, or ``timeout`` passes."""
+        changed = asyncio.ensure_future(self._changed.wait())
+        try:
+            await asyncio.wait((changed, other), timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
 
     def _bump(self) -> None:
         self._changed.set()
@@ -401,12 +418,14 @@ class RelayTrack:
     async def serve_range(self, writer: RangeWriter, start: Location, end: Location,
                           order: GroupOrder, flt: ObjectFilter | None,
                           budget: float, upstream_fetch: UpstreamFetch,
-                          in_flight_wait: float = 1.0) -> ServeStats:
+                          in_flight_wait: float = 1.0,
+                          in_flight: InFlightFetch | None = None) -> ServeStats:
         """Write every Object of [start, end] the cache holds or can obtain, in ``order``,
         that passes the request's Range filters ``flt`` (§6.5).
 
-        Unknown spans are waited for (Objects still in flight on the upstream subscription),
-        then fetched upstream (``upstream_fetch``), within ``budget`` seconds (FILL_TIMEOUT);
+        Unknown spans are waited for (Objects still in flight on the upstream subscription,
+        or on an upstream FETCH already on its way: ``in_flight``), then fetched upstream
+        (``upstream_fetch``), within ``budget`` seconds (FILL_TIMEOUT);
         what stays unknown is reported with an End of Range marker (§14.5 step 3), or, where
         §17 item 20 forbids a marker, by resetting the stream with UNKNOWN_OBJECT_STATUS.
         """
@@ -436,7 +455,7 @@ class RelayTrack:
                 if key not in attempted:
                     attempted.add(key)
                     resolved = await self._resolve(span, deadline, upstream_fetch, stats,
-                                                   in_flight_wait)
+                                                   in_flight_wait, in_flight)
                 if resolved:
                     cursor = span.start.object
                     continue
@@ -512,9 +531,21 @@ class RelayTrack:
         return out, None, None
 
     async def _resolve(self, span: Span, deadline: float, upstream_fetch: UpstreamFetch,
-                       stats: ServeStats, in_flight_wait: float) -> bool:
+                       stats: ServeStats, in_flight_wait: float,
+                       in_flight: InFlightFetch | None = None) -> bool:
         """Try to turn an unknown span into known Objects; True if anything changed."""
         loop = asyncio.get_running_loop()
+        pending = in_flight(self, span.start) if in_flight is not None else None
+        if pending is not None:
+            # An upstream FETCH on its way holds the span (a pull-through's, ours or another
+            # request's): what it brings is cached as it arrives, so wait for that, not for
+            # all of it; asked again below only if it ends without telling.
+            while not pending.done() and loop.time() < deadline:
+                await self.wait_change_or(pending, deadline - loop.time())
+                if self._span_changed(span):
+                    return True
+            if self._span_changed(span):
+                return True
         largest = self.largest()
         if self.live and largest is not None and span.start <= largest:
             # Objects at or below L may still be in flight on the upstream subscription.
@@ -585,4 +616,5 @@ class RelayTrack:
         self._bump()
 
 
-__all__ = ["MarkerSpans", "RangeWriter", "RelayTrack", "ServeStats", "UpstreamFetch"]
+__all__ = ["InFlightFetch", "MarkerSpans", "RangeWriter", "RelayTrack", "ServeStats",
+           "UpstreamFetch"]

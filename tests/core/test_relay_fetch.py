@@ -700,3 +700,74 @@ async def test_the_groups_a_slow_fill_or_fetch_walks_stay_in_memory(tmp_path: Pa
         assert got == {loc: p for loc, p in t.sent.items() if loc.group < 3}
     finally:
         await r.close()
+
+
+class _GroupAtATimeFetchPublisher(SessionHandler):
+    """An upstream whose FETCH answer carries Group 0 at once, then Group 1 only when the
+    test lets it (``go``), and its FIN only after that (``fin``): a long Track still
+    crossing the link."""
+
+    def __init__(self, payloads: list[list[bytes]]) -> None:
+        self.payloads = payloads
+        self.go = asyncio.Event()
+        self.fin = asyncio.Event()
+        self.fetches = 0
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        self.fetches += 1
+        w = await req.accept(False, Location(len(self.payloads) - 1,
+                                             len(self.payloads[-1]) - 1))
+        for g, group in enumerate(self.payloads):
+            if g == 1:
+                await self.go.wait()
+            for i, p in enumerate(group):
+                await w.write_object(g, 0, i, 0, p)
+        await self.fin.wait()
+        await w.finish()
+
+
+async def test_a_pull_through_fetch_serves_objects_as_they_arrive(tmp_path: Path) -> None:
+    """A FETCH of a Track the relay holds nothing of is answered from its source (pull-
+    through), Object by Object as they arrive, not once the whole range has crossed: the
+    consumer has Group 0 while Group 1 is still held back upstream (KVCS: a consumer at an
+    edge computes layer l while l+1 arrives, however many relays lie between), and Group 1
+    before the upstream stream's FIN (its first Object tells that Group 0 ended). All of it
+    comes from that one upstream FETCH."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    payloads = [group_payloads(g, 3, size=500) for g in range(2)]
+    up = _GroupAtATimeFetchPublisher(payloads)
+    try:
+        pub = await client(r, handler=up)
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        c = await client(r)
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name), TIMEOUT)
+        assert resp.end_location == Location(1, 2)
+        got: dict[Location, bytes] = {}
+        events = aiter(resp)
+        async with asyncio.timeout(TIMEOUT):
+            while len(got) < 3:  # Group 0, with Group 1 still upstream
+                ev = await anext(events)
+                if isinstance(ev, ReceivedObject):
+                    got[ev.location] = bytes(ev.payload)
+        assert got == {Location(0, i): p for i, p in enumerate(payloads[0])}
+        assert not up.go.is_set()
+        up.go.set()
+        async with asyncio.timeout(TIMEOUT):
+            while len(got) < 6:  # Group 1, with the upstream FIN still held back
+                ev = await anext(events)
+                assert not isinstance(ev, RangeMarker), ev
+                if isinstance(ev, ReceivedObject):
+                    got[ev.location] = bytes(ev.payload)
+        assert got == {Location(g, i): p for g in range(2) for i, p in enumerate(payloads[g])}
+        assert not up.fin.is_set()
+        up.fin.set()
+        async with asyncio.timeout(TIMEOUT):
+            rest = [ev async for ev in events]
+        assert not any(isinstance(ev, (ReceivedObject, RangeMarker)) for ev in rest), rest
+        assert up.fetches == 1
+        assert r.relay.counters.upstream_fetches == 1
+    finally:
+        up.go.set()
+        up.fin.set()
+        await r.close()

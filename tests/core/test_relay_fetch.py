@@ -43,6 +43,7 @@ from relay.session import (
     SessionConfig,
     SessionHandler,
     Source,
+    StreamAborted,
     StreamEnded,
     Subscription,
 )
@@ -767,6 +768,55 @@ async def test_a_pull_through_fetch_serves_objects_as_they_arrive(tmp_path: Path
         assert not any(isinstance(ev, (ReceivedObject, RangeMarker)) for ev in rest), rest
         assert up.fetches == 1
         assert r.relay.counters.upstream_fetches == 1
+    finally:
+        up.go.set()
+        up.fin.set()
+        await r.close()
+
+
+async def test_a_pull_through_fetch_whose_source_dies_midway_ends_with_what_is_unknown(
+        tmp_path: Path) -> None:
+    """The upstream FETCH a pull-through serves from fails after its first Group (the
+    source's session closes): the consumer keeps what came, the rest is reported as not
+    known (an End of Range marker, or the stream reset UNKNOWN_OBJECT_STATUS), within the
+    FETCH's FILL_TIMEOUT, never as absent, and the relay goes on serving."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    payloads = [group_payloads(g, 3, size=500) for g in range(2)]
+    up = _GroupAtATimeFetchPublisher(payloads)
+    try:
+        pub = await client(r, handler=up)
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        c = await client(r)
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
+            fill_timeout=2000)), TIMEOUT)
+        got: dict[Location, bytes] = {}
+        markers: list[RangeMarker] = []
+        events = aiter(resp)
+        async with asyncio.timeout(TIMEOUT):
+            while len(got) < 3:
+                ev = await anext(events)
+                if isinstance(ev, ReceivedObject):
+                    got[ev.location] = bytes(ev.payload)
+        await asyncio.wait_for(pub.aclose(), TIMEOUT)  # Group 1 never comes
+        reset = None
+        async with asyncio.timeout(TIMEOUT):
+            try:
+                async for ev in events:
+                    if isinstance(ev, ReceivedObject):
+                        got[ev.location] = bytes(ev.payload)
+                    elif isinstance(ev, RangeMarker):
+                        markers.append(ev)
+            except StreamAborted as e:
+                reset = e
+        assert got == {Location(0, i): p for i, p in enumerate(payloads[0])}
+        if reset is None:
+            assert markers and all(m.type in (EndOfRangeType.UNKNOWN, EndOfRangeType.TIMED_OUT)
+                                   for m in markers), markers
+        # the relay still answers, and what it kept is served
+        _, again = await fetch_objects(c, name, Params(
+            location_filter=LocationFilter.absolute_range(Location(0, 0), Location(0, 2))))
+        assert again == got
     finally:
         up.go.set()
         up.fin.set()

@@ -5,6 +5,7 @@ PUBLISH, SUBSCRIBE_NAMESPACE, SUBSCRIBE (with fills), REQUEST_UPDATE, FETCH, TRA
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, cast
@@ -505,7 +506,8 @@ class RelayHandler(SessionHandler):
                                                 max(0.0, deadline - loop.time()),
                                                 self._fetch_upstream,
                                                 relay.options.in_flight_wait,
-                                                relay.routing.fetch_in_flight)
+                                                functools.partial(relay.routing.fetch_in_flight,
+                                                                  reach=self.reach))
                 if not stats.reset:
                     await writer.finish()
                 served.done(stats, loop.time() - started)

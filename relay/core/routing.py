@@ -238,12 +238,15 @@ class Routing:
             raise TimeoutError("every source that took the upstream FETCH failed")
         return ok
 
-    def fetch_in_flight(self, track: RelayTrack, at: Location
+    def fetch_in_flight(self, track: RelayTrack, at: Location, *, reach: Reach = Reach.ALL
                         ) -> asyncio.Future[bool | None] | None:
         """The upstream FETCH on its way for ``track`` whose range holds ``at``, if any: its
-        Objects are cached as they arrive (``_do_fetch``)."""
-        for (name, start, end, _reach), fut in self._fetches.items():
-            if name == track.full_name and start <= at <= end and not fut.done():
+        Objects are cached as they arrive (``_do_fetch``). Only one asked with the same
+        ``reach``: a sibling's or the upstream relay's request waiting for a client's FETCH
+        that went to that sibling or up could wait for itself (until FILL_TIMEOUT)."""
+        for (name, start, end, r), fut in self._fetches.items():
+            if name == track.full_name and r is reach and start <= at <= end \
+                    and not fut.done():
                 return fut
         return None
 

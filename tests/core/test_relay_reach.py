@@ -126,3 +126,32 @@ async def test_a_source_that_never_answers_is_timeout_not_does_not_exist(
         assert e.value.code == RequestErrorCode.TIMEOUT
     finally:
         await r.close()
+
+
+async def test_a_request_waits_only_for_an_upstream_fetch_of_its_own_reach(
+        tmp_path: Path) -> None:
+    """Serving a FETCH waits for an upstream FETCH already on its way instead of asking
+    again (pull-through), but only for one asked with the request's own Reach: a sibling's
+    or the upstream relay's request waiting for a client's FETCH that was sent to that same
+    sibling or up would wait for itself until its FILL_TIMEOUT."""
+    from relay.core.namespaces import Reach
+    from relay.moqt.primitives import FullTrackName, Location
+
+    r = await relay_at(tmp_path)
+    try:
+        routing = r.relay.routing
+        track = r.relay.track(FullTrackName(make_ns(), b"k.raw.s0"))
+        other = r.relay.track(FullTrackName(make_ns(), b"k.raw.s0"))
+        pending: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
+        routing._fetches[(track.full_name, Location(0, 0), Location(3, 9), Reach.ALL)] = pending
+        at = Location(2, 5)
+        assert routing.fetch_in_flight(track, at, reach=Reach.ALL) is pending
+        assert routing.fetch_in_flight(track, at, reach=Reach.OWN) is None
+        assert routing.fetch_in_flight(track, at, reach=Reach.NO_SIBLINGS) is None
+        assert routing.fetch_in_flight(track, Location(4, 0)) is None  # past its range
+        assert routing.fetch_in_flight(other, at) is None
+        pending.set_result(True)
+        assert routing.fetch_in_flight(track, at) is None  # over
+        del routing._fetches[(track.full_name, Location(0, 0), Location(3, 9), Reach.ALL)]
+    finally:
+        await r.close()

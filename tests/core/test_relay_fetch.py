@@ -4,6 +4,7 @@ markers, and concurrent upstream misses coalesced into one upstream FETCH (§14.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -34,9 +35,11 @@ from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.range_filter import Range, RangeFilter
+from relay.service import RunningRelay
 from relay.session import (
     FetchResponse,
     IncomingFetch,
+    MoqtSession,
     RangeMarker,
     ReceivedObject,
     RequestRejected,
@@ -47,6 +50,7 @@ from relay.session import (
     StreamEnded,
     Subscription,
 )
+from relay.session.events import FetchEvent
 from relay.transport import QuicSettings
 from storage.interface import OBJECT_MAX
 
@@ -727,6 +731,30 @@ class _GroupAtATimeFetchPublisher(SessionHandler):
         await w.finish()
 
 
+async def _pull_through(r: RunningRelay, up: _GroupAtATimeFetchPublisher,
+                        params: Params | None = None
+                        ) -> tuple[FullTrackName, MoqtSession, MoqtSession, FetchResponse]:
+    """A publisher of ``up``'s Track on ``r`` (it announces, and answers FETCH only), and a
+    client's FETCH of that Track, which ``r`` holds nothing of."""
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    pub = await client(r, handler=up)
+    await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+    c = await client(r)
+    resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, params), TIMEOUT)
+    return name, pub, c, resp
+
+
+async def _objects_until(events: AsyncIterator[FetchEvent], got: dict[Location, bytes],
+                         n: int) -> None:
+    """Read ``events`` into ``got`` until it holds ``n`` Objects; no marker comes first."""
+    async with asyncio.timeout(TIMEOUT):
+        while len(got) < n:
+            ev = await anext(events)
+            assert not isinstance(ev, RangeMarker), ev
+            if isinstance(ev, ReceivedObject):
+                got[ev.location] = bytes(ev.payload)
+
+
 async def test_a_pull_through_fetch_serves_objects_as_they_arrive(tmp_path: Path) -> None:
     """A FETCH of a Track the relay holds nothing of is answered from its source (pull-
     through), Object by Object as they arrive, not once the whole range has crossed: the
@@ -735,31 +763,18 @@ async def test_a_pull_through_fetch_serves_objects_as_they_arrive(tmp_path: Path
     before the upstream stream's FIN (its first Object tells that Group 0 ended). All of it
     comes from that one upstream FETCH."""
     r = await relay_at(tmp_path)
-    name = FullTrackName(make_ns(), b"k.raw.s0")
     payloads = [group_payloads(g, 3, size=500) for g in range(2)]
     up = _GroupAtATimeFetchPublisher(payloads)
     try:
-        pub = await client(r, handler=up)
-        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
-        c = await client(r)
-        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name), TIMEOUT)
+        _, _, _, resp = await _pull_through(r, up)
         assert resp.end_location == Location(1, 2)
         got: dict[Location, bytes] = {}
         events = aiter(resp)
-        async with asyncio.timeout(TIMEOUT):
-            while len(got) < 3:  # Group 0, with Group 1 still upstream
-                ev = await anext(events)
-                if isinstance(ev, ReceivedObject):
-                    got[ev.location] = bytes(ev.payload)
+        await _objects_until(events, got, 3)  # Group 0, with Group 1 still upstream
         assert got == {Location(0, i): p for i, p in enumerate(payloads[0])}
         assert not up.go.is_set()
         up.go.set()
-        async with asyncio.timeout(TIMEOUT):
-            while len(got) < 6:  # Group 1, with the upstream FIN still held back
-                ev = await anext(events)
-                assert not isinstance(ev, RangeMarker), ev
-                if isinstance(ev, ReceivedObject):
-                    got[ev.location] = bytes(ev.payload)
+        await _objects_until(events, got, 6)  # Group 1, with the upstream FIN held back
         assert got == {Location(g, i): p for g in range(2) for i, p in enumerate(payloads[g])}
         assert not up.fin.is_set()
         up.fin.set()
@@ -781,23 +796,14 @@ async def test_a_pull_through_fetch_whose_source_dies_midway_ends_with_what_is_u
     known (an End of Range marker, or the stream reset UNKNOWN_OBJECT_STATUS), within the
     FETCH's FILL_TIMEOUT, never as absent, and the relay goes on serving."""
     r = await relay_at(tmp_path)
-    name = FullTrackName(make_ns(), b"k.raw.s0")
     payloads = [group_payloads(g, 3, size=500) for g in range(2)]
     up = _GroupAtATimeFetchPublisher(payloads)
     try:
-        pub = await client(r, handler=up)
-        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
-        c = await client(r)
-        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name, Params(
-            fill_timeout=2000)), TIMEOUT)
+        name, pub, c, resp = await _pull_through(r, up, Params(fill_timeout=2000))
         got: dict[Location, bytes] = {}
         markers: list[RangeMarker] = []
         events = aiter(resp)
-        async with asyncio.timeout(TIMEOUT):
-            while len(got) < 3:
-                ev = await anext(events)
-                if isinstance(ev, ReceivedObject):
-                    got[ev.location] = bytes(ev.payload)
+        await _objects_until(events, got, 3)
         await asyncio.wait_for(pub.aclose(), TIMEOUT)  # Group 1 never comes
         reset = None
         async with asyncio.timeout(TIMEOUT):

@@ -544,8 +544,6 @@ class RelayTrack:
                 await self.wait_change_or(pending, deadline - loop.time())
                 if self._span_changed(span):
                     return True
-            if self._span_changed(span):
-                return True
         largest = self.largest()
         if self.live and largest is not None and span.start <= largest:
             # Objects at or below L may still be in flight on the upstream subscription.

@@ -39,6 +39,7 @@ from typing import Any
 from benchmarks._moqrs_net import moqrs_in_lab
 from benchmarks._raw_net import raw_in_lab
 from benchmarks._report import report
+from relay.transport.backend import BACKENDS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "net"))
 from impair import Impairment
@@ -62,9 +63,6 @@ def _options(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--peer-arg", action="append", default=[])
     p.add_argument("--label", default="")
     return p.parse_known_args(argv)[0]
-
-
-BACKENDS = ("qh3", "aioquic")
 
 
 def _ends(stack: str) -> tuple[str, str]:

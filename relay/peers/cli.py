@@ -176,17 +176,15 @@ def relay_options(fn: Callable[..., Any], *, receives: bool = False) -> Callable
     :func:`receiver_backend`'s; a publishing command defaults to aioquic with bbr, which
     keeps its rate on lossy paths where qh3's controller collapses."""
     fn = _with_quic_backend(fn)
+    backend_help = "QUIC library: aioquic, or qh3 (the fast extra)."
     if receives:
-        fn = click.option("--quic-backend", type=click.Choice(BACKENDS), default=None,
-                          envvar="KVCS_QUIC_BACKEND",
-                          help="QUIC library: aioquic, or qh3 (the fast extra). Default: qh3 "
-                               "where installed (a fetch's bytes are the relay's to send; qh3 "
-                               "receives them at less CPU), aioquic if --congestion-control "
-                               "is given or qh3 is not installed.")(fn)
-    else:
-        fn = click.option("--quic-backend", type=click.Choice(BACKENDS),
-                          default=DEFAULT_BACKEND, show_default=True, envvar="KVCS_QUIC_BACKEND",
-                          help="QUIC library: aioquic, or qh3 (the fast extra).")(fn)
+        backend_help += (" Default: qh3 where installed (a fetch's bytes are the relay's to "
+                         "send; qh3 receives them at less CPU), aioquic if "
+                         "--congestion-control is given or qh3 is not installed.")
+    fn = click.option("--quic-backend", type=click.Choice(BACKENDS),
+                      default=None if receives else DEFAULT_BACKEND,
+                      show_default=not receives, envvar="KVCS_QUIC_BACKEND",
+                      help=backend_help)(fn)
     fn = click.option("--congestion-control", type=click.Choice(CONGESTION_CONTROLS),
                       default=None, envvar="KVCS_CONGESTION_CONTROL",
                       help=f"aioquic congestion controller (default "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from relay.moqt.codes import (
     EndOfRangeType,
     GroupOrder,
+    LocationFilterType,
     ObjectStatus,
     PropertyType,
     PublishDoneCode,
@@ -160,6 +161,37 @@ class MarkerSpans:
         exist. Decided on what the stream carried, never on what the cache holds after it:
         an Object it delivered that the cache has evicted since is unknown, not absent."""
         return _gaps(start, end, self.delivered + self.unknown)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Reads a finished upstream FETCH's outcome, so one that nobody awaits any more (the
+    walk went on) does not log "exception never retrieved"."""
+    if not task.cancelled():
+        task.exception()
+
+
+class _ReadAhead:
+    """The upstream FETCHes one serving walk asked past the span it stood on (``end``:
+    how far it may ask, None for none: a Descending walk asks Group by Group), each with the
+    range it holds."""
+
+    def __init__(self, end: Location | None) -> None:
+        self.end = end
+        self._jobs: list[tuple[Location, Location, asyncio.Future[Any]]] = []
+
+    def add(self, start: Location, end: Location, job: asyncio.Future[Any]) -> None:
+        self._jobs.append((start, end, job))
+
+    def holding(self, at: Location) -> asyncio.Future[Any] | None:
+        """The last FETCH asked whose range holds ``at`` (done or not)."""
+        for start, end, job in reversed(self._jobs):
+            if start <= at <= end:
+                return job
+        return None
+
+    def cancel(self) -> None:
+        for _, _, job in self._jobs:
+            job.cancel()
 
 
 @dataclass
@@ -432,15 +464,32 @@ class RelayTrack:
         stats = ServeStats()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
+        # Ascending, an unknown span is asked upstream with the unknown run after it (one
+        # FETCH, not a round trip per Group), and served as it arrives: see _resolve
+        ahead = _ReadAhead(end if order != GroupOrder.DESCENDING else None)
         # Object IDs no Object can pass are not even walked (nor asked upstream); the other
         # filters need the Object itself (its Subgroup, priority, Properties): an unknown
         # span stays to be resolved, and what it brings is filtered like the rest.
         id_ranges = flt.object_ids() if flt is not None else None
-        last_group: int | None = None  # Group of the last element written
-        attempted: set[tuple[Location, Location]] = set()
         groups = range(start.group, end.group + 1)
         if order == GroupOrder.DESCENDING:
             groups = range(end.group, start.group - 1, -1)
+        try:
+            await self._walk(writer, groups, start, end, id_ranges, flt, stats, deadline,
+                             upstream_fetch, in_flight_wait, in_flight, ahead)
+        except BaseException:
+            ahead.cancel()  # nobody is served by what it would bring any more
+            raise
+        return stats
+
+    async def _walk(self, writer: RangeWriter, groups: range, start: Location, end: Location,
+                    id_ranges: list[tuple[int, int | None]] | None, flt: ObjectFilter | None,
+                    stats: ServeStats, deadline: float, upstream_fetch: UpstreamFetch,
+                    in_flight_wait: float, in_flight: InFlightFetch | None,
+                    ahead: _ReadAhead) -> None:
+        loop = asyncio.get_running_loop()
+        last_group: int | None = None  # Group of the last element written
+        attempted: set[tuple[Location, Location]] = set()
         for g in groups:
             lo = start.object if g == start.group else 0
             hi = end.object if g == end.group else OBJECT_MAX
@@ -455,7 +504,7 @@ class RelayTrack:
                 if key not in attempted:
                     attempted.add(key)
                     resolved = await self._resolve(span, deadline, upstream_fetch, stats,
-                                                   in_flight_wait, in_flight)
+                                                   in_flight_wait, in_flight, ahead)
                 if resolved:
                     cursor = span.start.object
                     continue
@@ -465,13 +514,12 @@ class RelayTrack:
                     # §17 item 20: a marker cannot end in the Group of the previous element.
                     writer.reset(StreamResetCode.UNKNOWN_OBJECT_STATUS)
                     stats.reset = True
-                    return stats
+                    return
                 await writer.write_marker(kind, span.end.group, span.end.object)
                 stats.markers += 1
                 last_group = g
                 nxt = span.end.object + 1
                 cursor = nxt if span.end.object < OBJECT_MAX else None
-        return stats
 
     async def _serve_group(self, writer: RangeWriter, g: int, cursor: int, hi: int,
                            id_ranges: list[tuple[int, int | None]] | None,
@@ -532,10 +580,17 @@ class RelayTrack:
 
     async def _resolve(self, span: Span, deadline: float, upstream_fetch: UpstreamFetch,
                        stats: ServeStats, in_flight_wait: float,
-                       in_flight: InFlightFetch | None = None) -> bool:
+                       in_flight: InFlightFetch | None = None,
+                       ahead: _ReadAhead | None = None) -> bool:
         """Try to turn an unknown span into known Objects; True if anything changed."""
         loop = asyncio.get_running_loop()
         pending = in_flight(self, span.start) if in_flight is not None else None
+        if ahead is not None:
+            mine = ahead.holding(span.start)
+            if mine is not None and mine.done() and not mine.cancelled() and \
+                    mine.exception() is None and mine.result():
+                return False  # its source answered and left this span unknown: so it stays
+            pending = pending or (mine if mine is not None and not mine.done() else None)
         if pending is not None:
             # An upstream FETCH on its way holds the span (a pull-through's, ours or another
             # request's): what it brings is cached as it arrives, so wait for that, not for
@@ -545,7 +600,8 @@ class RelayTrack:
                 if self._span_changed(span):
                     return True
         largest = self.largest()
-        if self.live and largest is not None and span.start <= largest:
+        if self.live and largest is not None and span.start <= largest and \
+                self._may_come_live(span):
             # Objects at or below L may still be in flight on the upstream subscription.
             wait_until = min(deadline, loop.time() + in_flight_wait)
             while loop.time() < wait_until:
@@ -553,15 +609,62 @@ class RelayTrack:
                     break
                 if self._span_changed(span):
                     return True
-        if loop.time() < deadline:
-            stats.upstream_fetches += 1
-            try:
-                await asyncio.wait_for(upstream_fetch(self, span.start, span.end),
-                                       max(0.0, deadline - loop.time()))
-            except (TimeoutError, LinkError, SessionClosed):
-                return False
-            return self._span_changed(span)
+        if loop.time() >= deadline:
+            return False
+        stats.upstream_fetches += 1
+        to = span.end
+        if ahead is not None and ahead.end is not None:
+            to = self._unknown_run_end(span, ahead.end)
+        job = asyncio.ensure_future(asyncio.wait_for(upstream_fetch(self, span.start, to),
+                                                     max(0.0, deadline - loop.time())))
+        job.add_done_callback(_retrieve)
+        if to != span.end:
+            assert ahead is not None
+            ahead.add(span.start, to, job)
+            # the rest of the run is served as it arrives, while the FETCH goes on
+            while not job.done():
+                await self.wait_change_or(job, None)
+                if self._span_changed(span):
+                    return True
+        try:
+            await job
+        except (TimeoutError, LinkError, SessionClosed):
+            return False
+        return self._span_changed(span)
+
+    def _may_come_live(self, span: Span) -> bool:
+        """Objects of ``span`` may still arrive on an upstream subscription: not if each one
+        is a Next Object subscription without fill whose start (its Largest Object when it
+        was answered) is at or past the span's end, as when a relay that held part of a
+        Track follows it live from there (it asks a fill only when it holds nothing)."""
+        for sub in self.upstreams:
+            lf = sub.params.location_filter
+            if sub.params.fill is None and lf is not None and \
+                    lf.type == LocationFilterType.NEXT_OBJECT and \
+                    sub.largest is not None and span.end <= sub.largest:
+                continue
+            return True
         return False
+
+    def _unknown_run_end(self, span: Span, end: Location) -> Location:
+        """Where the unknown run that starts with ``span`` ends, up to ``end``: the last
+        Location of the cache's unknown Span from there (across Groups) not known absent.
+        Known-absent Locations inside the run are asked with it (one range, not one FETCH
+        per piece); the answer can only confirm them (§14.9 forbids the other way)."""
+        stop = span.end
+        with self.store.reader() as r:
+            for _, item in cache.walk(r, self.key, span.start, end):
+                if isinstance(item, Span) and item.kind == SpanKind.UNKNOWN and \
+                        tuple(item.start) == tuple(span.start):
+                    stop = max(stop, Location(*item.end))
+                break
+        moved = True
+        while moved and stop > span.end:
+            moved = False
+            for a_start, a_end in self.absent:
+                if a_start <= stop <= a_end:
+                    stop, moved = max(span.end, _before(a_start)), True
+        return stop
 
     def _span_changed(self, span: Span) -> bool:
         if self._still_unknown(span) != span:

@@ -35,6 +35,7 @@ from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.moqt.range_filter import Range, RangeFilter
+from relay.options import RelayOptions
 from relay.service import RunningRelay
 from relay.session import (
     FetchResponse,
@@ -325,11 +326,13 @@ async def test_an_upstream_end_location_of_a_whole_group_is_no_largest_object(
 class _MarkingFetchPublisher(SessionHandler):
     """An upstream whose first FETCH answer mixes Objects and End of Range markers (§11.7),
     and which answers every later FETCH with one End of Unknown Range over all of it, but
-    for {2,0}..{2,6}: nothing there. It records the range of every FETCH it gets, to show
-    what the relay below asks again."""
+    once it ``learned_group_2``, a range ending at {2,6}: unknown up to Group 2, nothing
+    there in {2,0}..{2,6}. It records the range of every FETCH it gets, to show what the
+    relay below asks again."""
 
     def __init__(self) -> None:
         self.asked: list[tuple[Location, Location]] = []
+        self.learned_group_2 = False
 
     async def fetch(self, req: IncomingFetch) -> None:
         lf = req.params.location_filter
@@ -353,9 +356,12 @@ class _MarkingFetchPublisher(SessionHandler):
             await w.write_object(6, 0, 4, 0, b"b")  # {5,3}..{6,3} do not exist
             await w.write_marker(EndOfRangeType.NON_EXISTENT, 7, 0)  # {6,5}..{7,0}
             await w.write_marker(EndOfRangeType.UNKNOWN, 8, 3)  # {7,1}..{8,3}
-        elif (start, end) != (Location(2, 0), Location(2, 6)):
+        elif self.learned_group_2 and end == Location(2, 6):
+            if start.group < 2:
+                await w.write_marker(EndOfRangeType.UNKNOWN, 1, OBJECT_MAX)
+        else:
             await w.write_marker(EndOfRangeType.UNKNOWN, end.group, end.object)
-        await w.finish()  # (that one range, asked again, is answered: nothing there)
+        await w.finish()  # (what it skipped, {2,0}..{2,6}, is not there)
 
 
 async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_known(
@@ -385,7 +391,11 @@ async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_kno
         got, marks = await fetch(Location(0, 0), Location(8, 5))
         assert got == {Location(0, 0): b"a", Location(6, 4): b"b"}
         assert up.asked[0] == (Location(0, 0), Location(8, 5))
-        # serving it, the relay asked once more per Group of the unknown ranges
+        # serving it, the relay asked once more for each run of unknown ranges the cache
+        # holds no Object between, from where it starts to where it ends (one FETCH across
+        # Groups, not one per Group; a known-absent range inside is only confirmed)
+        assert up.asked[1:] == [(Location(1, 4), Location(5, 2)),
+                                (Location(7, 1), Location(8, 3))]
         assert [m[1].group for m in marks] == [1, 2, 4, 5, 7, 8]
         asked = len(up.asked)
         known_absent = [(Location(0, 1), Location(1, 3)), (Location(2, 7), Location(3, 9)),
@@ -395,20 +405,18 @@ async def test_ranges_an_upstream_marked_unknown_are_asked_again_the_rest_is_kno
         for start, end in known_absent:
             got, marks = await fetch(start, end)
             assert got == {} and marks == [] and len(up.asked) == asked, (start, end, up.asked)
-        # the unknown ranges, asked again Group by Group from exactly where they start (also
-        # when the FETCH starts on a known-absent Location before them)
+        # the unknown ranges, asked again from exactly where they start (also when the FETCH
+        # starts on a known-absent Location before them), each once across its Groups
         whole = OBJECT_MAX
+        up.learned_group_2 = True
         unknown = [
-            (Location(1, 0), Location(2, 6),
-             [(Location(1, 4), Location(1, whole)), (Location(2, 0), Location(2, 6))],
+            (Location(1, 0), Location(2, 6), [(Location(1, 4), Location(2, 6))],
              Location(1, whole)),  # {2,0}..{2,6}: now known not to exist
             (Location(4, 0), Location(4, 0), [(Location(4, 0), Location(4, 0))],
              Location(4, 0)),
-            (Location(4, 1), Location(5, 2),
-             [(Location(4, 1), Location(4, whole)), (Location(5, 0), Location(5, 2))],
+            (Location(4, 1), Location(5, 2), [(Location(4, 1), Location(5, 2))],
              Location(5, 2)),
-            (Location(7, 0), Location(8, 3),
-             [(Location(7, 1), Location(7, whole)), (Location(8, 0), Location(8, 3))],
+            (Location(7, 0), Location(8, 3), [(Location(7, 1), Location(8, 3))],
              Location(8, 3)),
         ]
         for start, end, asks, last_marker in unknown:
@@ -827,3 +835,63 @@ async def test_a_pull_through_fetch_whose_source_dies_midway_ends_with_what_is_u
         up.go.set()
         up.fin.set()
         await r.close()
+
+
+async def _fill_objects(sub: Subscription) -> list[tuple[Location, bytes]]:
+    """The Objects of ``sub``'s fill stream, in the order they came, until its FIN."""
+    got: list[tuple[Location, bytes]] = []
+    async with asyncio.timeout(TIMEOUT):
+        async for ev in sub:
+            if isinstance(ev, ReceivedObject) and ev.stream.source is Source.FILL:
+                got.append((ev.location, bytes(ev.payload)))
+            elif isinstance(ev, StreamEnded) and ev.stream.source is Source.FILL:
+                assert ev.fin, ev
+                return got
+    raise AssertionError("the subscription ended before its fill")
+
+
+async def test_the_groups_a_relay_lacks_are_asked_upstream_in_one_fetch(tmp_path: Path) -> None:
+    """An edge relay that holds part of a Track asks its upstream for the rest in one FETCH
+    per unknown run, not one per Group (a round trip per past layer), and serves it as it
+    arrives, in order. b holds Groups 0-1 (an earlier FETCH), then follows the Track live
+    from its Largest Object on (no fill: b is warm). A consumer joining with a fill from
+    {0,0} needs Groups 2-5 from a: nothing will bring them on b's subscription, so b does
+    not wait for them there (``in_flight_wait`` is made longer than the test's bound);
+    one upstream FETCH brings all four. Then b loses Groups 1-4 from its memory tier: a
+    FETCH of the whole Track asks a again once, for that run."""
+    a = await relay_at(tmp_path / "a")
+    b = await relay_at(tmp_path / "b", upstream=[a.url],
+                       options=RelayOptions(in_flight_wait=10 * TIMEOUT))
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(a)
+        t = await push_track(pub, name, layers=8)
+        for g in range(6):
+            await t.group(g, group_payloads(g, 3, size=300))
+        await wait_cached(a, name, Location(5, 3))
+        c = await client(b)
+        _, got = await fetch_objects(c, name, Params(
+            location_filter=LocationFilter.absolute_range(Location(0, 0), Location(1, 2))))
+        assert len(got) == 6 and b.relay.counters.upstream_fetches == 1
+        every = [(loc, p) for loc, p in t.sent.items()]
+        sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, live_params()),
+                                     TIMEOUT)
+        assert sub.largest == Location(5, 3)
+        assert await _fill_objects(sub) == every  # in order, each once
+        assert b.relay.counters.upstream_fetches == 2
+        assert a.relay.counters.ok("FETCH") == 2
+        track = b.relay.tracks[name]
+        for g in range(1, 5):
+            assert b.store.memory.discard_group(track.key, g)
+        _, got = await fetch_objects(c, name, Params(
+            location_filter=LocationFilter.absolute_range(Location(0, 0), Location(5, 2))))
+        assert list(got.items()) == every
+        assert b.relay.counters.upstream_fetches == 3
+        await t.group(6, group_payloads(6, 3, size=300))  # and the live part goes on
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in sub:
+                if isinstance(ev, ReceivedObject) and ev.group == 6:
+                    break
+    finally:
+        await b.close()
+        await a.close()

@@ -43,7 +43,8 @@ from .config import QuicSettings
 from .tls import pinned_self_signed
 
 PRIVATE_MEMBERS_INSTANCE = ("_core", "_remote_addr", "_close_event",
-                            "_remote_max_datagram_frame_size")
+                            "_remote_max_datagram_frame_size", "_handshake_complete",
+                            "_quic_logger", "_call_core", "_drain_core", "_normalize_address")
 PRIVATE_MEMBERS_H3 = ("_stream",)
 PRIVATE_MEMBERS_SERVER = ("_protocols",)
 
@@ -143,6 +144,33 @@ def _poll_datagrams(quic: QuicConnection, now: float
         built.append((transmit[0], transmit[1]))
 
 
+def _receive_many(quic: QuicConnection, datagrams: list[bytes], addr: Any, now: float
+                  ) -> None:
+    """qh3's ``receive_many_datagrams`` once the handshake is done, without its qlog call
+    per datagram (a Python call each; our configurations set no ``quic_logger``)."""
+    core = quic._core
+    if core is None or not quic._handshake_complete or quic._quic_logger is not None:
+        quic.receive_many_datagrams(datagrams, addr, now=now)
+        return
+    quic._call_core(core.receive_many_datagrams, datagrams, quic._normalize_address(addr), now)
+    quic._drain_core()
+
+
+def _receive_gro(quic: QuicConnection, buffer: bytes, segment: int, addr: Any, now: float
+                 ) -> None:
+    """One GRO read, cut by qh3's core (``receive_gro_buffer``) instead of into a bytes
+    object per datagram in Python; its Python wrapper also slices out every datagram for a
+    qlog call, so it is bypassed like ``_receive_many``'s."""
+    core = quic._core
+    if core is None or not quic._handshake_complete or quic._quic_logger is not None:
+        quic.receive_many_datagrams([buffer[i:i + segment]
+                                     for i in range(0, len(buffer), segment)], addr, now=now)
+        return
+    quic._call_core(core.receive_gro_buffer, buffer, segment, quic._normalize_address(addr),
+                    now)
+    quic._drain_core()
+
+
 def _trust(config: QuicConfiguration, ca_file: str) -> None:
     """qh3 takes only CA certificates as trust anchors, so a CA file holding one
     self-signed server certificate (what ``kvcs relay`` makes by default) is pinned by its
@@ -161,8 +189,7 @@ BACKEND = aioquic_shaped(
     "qh3", configuration_class=QuicConfiguration, connection_class=QuicConnection,
     server_class=QuicServer, h3_class=H3Connection, events=events, h3_events=h3_events,
     view=Qh3View,
-    receive_many=lambda quic, datagrams, addr, now: quic.receive_many_datagrams(
-        datagrams, addr, now=now),
+    receive_many=_receive_many, receive_gro=_receive_gro,
     poll_datagrams=_poll_datagrams, closed_error=QuicConnectionError, trust=_trust,
     credit_on_read=False,
 )

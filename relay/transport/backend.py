@@ -139,6 +139,9 @@ class QuicBackend:
     """(QuicServer, destination connection ID) -> the connection's protocol, or None."""
     receive_many: Callable[[Any, list[bytes], Any, float], None]
     """(quic, datagrams, addr, now): feed several datagrams of one peer at once."""
+    receive_gro: Callable[[Any, bytes, int, Any, float], None] | None
+    """(quic, buffer, segment size, addr, now): feed one GRO read of one peer uncut (the
+    library cuts it natively); None: the burst reader cuts it (burst.py)."""
     poll_datagrams: Callable[[Any, float], tuple[list[tuple[bytes, Any]], Exception | None]]
     """(quic, now) -> the datagrams to send now, and the error that stopped the library
     building more (None if it built everything due). The datagrams come first even when
@@ -166,6 +169,7 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
                                             tuple[list[tuple[bytes, Any]], Exception | None]],
                    closed_error: type[Exception], trust: Callable[[Any, str], None],
                    credit_on_read: bool,
+                   receive_gro: Callable[[Any, bytes, int, Any, float], None] | None = None,
                    configuration_extra: Callable[[Any], dict[str, Any]] = lambda s: {}
                    ) -> QuicBackend:
     """A backend for a library with aioquic's shape (both of ours): what they share is
@@ -194,6 +198,7 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
         h3_knows_stream=lambda h3, sid: sid in h3._stream,
         route=lambda server, cid: server._protocols.get(cid),
         receive_many=receive_many,
+        receive_gro=receive_gro,
         poll_datagrams=poll_datagrams,
         closed_error=closed_error,
         trust=trust,

@@ -153,6 +153,9 @@ def install(loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: Any,
                     target = route(data[1:1 + CID_LENGTH]) or protocol
                 seg = _segment_size(anc) if anc else 0
                 if seg and len(data) > seg:
+                    if getattr(target, "takes_gro", False):
+                        target.gro_received(data, seg, addr)  # cut natively
+                        continue
                     view = memoryview(data)
                     for off in range(0, len(data), seg):
                         target.datagram_received(bytes(view[off:off + seg]), addr)

@@ -55,6 +55,8 @@ class Endpoint(asyncio.DatagramProtocol):
         self._loop = asyncio.get_running_loop()
         self._quic = quic
         self._b = backend
+        # the burst reader hands this endpoint GRO reads uncut (gro_received)
+        self.takes_gro = backend.receive_gro is not None
         self._ev = backend.events
         self._view: QuicView = backend.view(quic, settings)
         self._transport: asyncio.DatagramTransport | None = None
@@ -386,6 +388,19 @@ class Endpoint(asyncio.DatagramProtocol):
             return
         self._quic.receive_datagram(data, addr, now=self._loop.time())
         self.burst_flush()
+
+    def gro_received(self, buffer: bytes, segment: int, addr: Any) -> None:
+        """One GRO read of this connection's datagrams (burst.py), for a backend whose
+        library cuts it itself (``takes_gro``); processed like any datagram of a burst."""
+        assert self._b.receive_gro is not None
+        if self._pending:
+            self._receive_pending()  # in the order they came
+        self._b.receive_gro(self._quic, buffer, segment, addr, self._loop.time())
+        if not BURST.active:
+            self.burst_flush()
+        elif not self._burst_dirty:
+            self._burst_dirty = True
+            BURST.dirty.append(self)
 
     def _receive_pending(self) -> None:
         pending, self._pending = self._pending, []

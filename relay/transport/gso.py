@@ -75,10 +75,10 @@ class DatagramSender:
             i = j
 
     def _sendmsg(self, run: Sequence[tuple[bytes, Any]], size: int, addr: Any) -> bool:
-        buf = b"".join(d for d, _ in run)
         try:
-            self._sock.sendmsg([buf], [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))], 0,
-                               addr)
+            # the datagrams as the buffers of one message: the kernel gathers them (no join)
+            self._sock.sendmsg([d for d, _ in run],
+                               [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))], 0, addr)
         except (BlockingIOError, InterruptedError):
             return False  # the socket is full: the transport queues the rest, in order
         except OSError as e:

@@ -585,20 +585,19 @@ class RelayTrack:
         """Try to turn an unknown span into known Objects; True if anything changed."""
         loop = asyncio.get_running_loop()
         pending = in_flight(self, span.start) if in_flight is not None else None
-        if ahead is not None:
-            mine = ahead.holding(span.start)
-            if mine is not None and mine.done() and not mine.cancelled() and \
-                    mine.exception() is None and mine.result():
-                return False  # its source answered and left this span unknown: so it stays
-            pending = pending or (mine if mine is not None and not mine.done() else None)
-        if pending is not None:
-            # An upstream FETCH on its way holds the span (a pull-through's, ours or another
-            # request's): what it brings is cached as it arrives, so wait for that, not for
-            # all of it; asked again below only if it ends without telling.
-            while not pending.done() and loop.time() < deadline:
-                await self.wait_change_or(pending, deadline - loop.time())
+        mine = ahead.holding(span.start) if ahead is not None else None
+        for fetch in (pending, mine):
+            # An upstream FETCH on its way holds the span (a pull-through's, another
+            # request's, or this walk's own run): what it brings is cached as it arrives, so
+            # wait for that, not for all of it; asked again below only if it ends without
+            # telling.
+            while fetch is not None and not fetch.done() and loop.time() < deadline:
+                await self.wait_change_or(fetch, deadline - loop.time())
                 if self._span_changed(span):
                     return True
+        if mine is not None and mine.done() and not mine.cancelled() and \
+                mine.exception() is None and mine.result():
+            return False  # this walk's own FETCH was answered and left the span unknown
         largest = self.largest()
         if self.live and largest is not None and span.start <= largest and \
                 self._may_come_live(span):

@@ -31,14 +31,12 @@ class _Collect(asyncio.DatagramProtocol):
             self.done.set_result(None)
 
 
-async def test_gso_runs_and_gro_reads_deliver_every_datagram_in_order() -> None:
+async def _through_burst_reader(collect: _Collect, datagrams: list[bytes]) -> None:
+    """Send ``datagrams`` in GSO runs to a socket read by the burst reader into ``collect``,
+    until it has them all."""
     loop = asyncio.get_running_loop()
     rsock = make_socket("127.0.0.1", 0, large_buffers=True)
-    # runs of equal sizes, a shorter last one, a larger one breaking a run, one alone
-    sizes = [1200] * 40 + [700] + [1200] * 70 + [1400] * 3 + [90]
-    datagrams = [os.urandom(n) for n in sizes]
-    rtransport, collect = await loop.create_datagram_endpoint(
-        lambda: _Collect(len(datagrams)), sock=rsock)
+    rtransport, _ = await loop.create_datagram_endpoint(lambda: collect, sock=rsock)
     install(loop, rsock, collect)
     ssock = make_socket("127.0.0.1", 0, large_buffers=True)
     stransport, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol, sock=ssock)
@@ -49,10 +47,18 @@ async def test_gso_runs_and_gro_reads_deliver_every_datagram_in_order() -> None:
         sender.send([(d, addr) for d in datagrams])
         assert sender._gso  # no fallback happened
         await w(collect.done)
-        assert collect.got == datagrams
     finally:
         stransport.close()
         rtransport.close()
+
+
+async def test_gso_runs_and_gro_reads_deliver_every_datagram_in_order() -> None:
+    # runs of equal sizes, a shorter last one, a larger one breaking a run, one alone
+    sizes = [1200] * 40 + [700] + [1200] * 70 + [1400] * 3 + [90]
+    datagrams = [os.urandom(n) for n in sizes]
+    collect = _Collect(len(datagrams))
+    await _through_burst_reader(collect, datagrams)
+    assert collect.got == datagrams
 
 
 def _buffers(sock: socket.socket) -> list[int]:
@@ -129,25 +135,12 @@ class _CollectUncut(_Collect):
 async def test_gro_reads_go_uncut_to_a_receiver_that_cuts_them_itself() -> None:
     """The same GSO runs, read by a receiver that takes GRO reads whole (``takes_gro``):
     it gets coalesced reads, and what it cuts from them is every datagram, in order."""
-    loop = asyncio.get_running_loop()
-    rsock = make_socket("127.0.0.1", 0, large_buffers=True)
     sizes = [1200] * 40 + [700] + [1200] * 70 + [90]
     datagrams = [os.urandom(n) for n in sizes]
-    rtransport, collect = await loop.create_datagram_endpoint(
-        lambda: _CollectUncut(len(datagrams)), sock=rsock)
-    install(loop, rsock, collect)
-    ssock = make_socket("127.0.0.1", 0, large_buffers=True)
-    stransport, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol, sock=ssock)
-    try:
-        sender = DatagramSender(ssock, stransport, gso=True)  # type: ignore[arg-type]
-        addr = rsock.getsockname()
-        sender.send([(d, addr) for d in datagrams])
-        await w(collect.done)
-        assert collect.got == datagrams
-        assert 0 < collect.uncut < len(datagrams)  # coalesced reads, handed over whole
-    finally:
-        stransport.close()
-        rtransport.close()
+    collect = _CollectUncut(len(datagrams))
+    await _through_burst_reader(collect, datagrams)
+    assert collect.got == datagrams
+    assert 0 < collect.uncut < len(datagrams)  # coalesced reads, handed over whole
 
 
 async def test_a_qh3_connection_takes_gro_reads_whole(harness: Harness,

@@ -172,8 +172,8 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 
 class _ReadAhead:
     """The upstream FETCHes one serving walk asked past the span it stood on (``end``:
-    how far it may ask, None for none: a Descending walk asks Group by Group), each with the
-    range it holds."""
+    how far it may ask, None for none: a Descending walk, or one with Object ID filters,
+    asks span by span), each with the range it holds."""
 
     def __init__(self, end: Location | None) -> None:
         self.end = end
@@ -464,13 +464,16 @@ class RelayTrack:
         stats = ServeStats()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
-        # Ascending, an unknown span is asked upstream with the unknown run after it (one
-        # FETCH, not a round trip per Group), and served as it arrives: see _resolve
-        ahead = _ReadAhead(end if order != GroupOrder.DESCENDING else None)
         # Object IDs no Object can pass are not even walked (nor asked upstream); the other
         # filters need the Object itself (its Subgroup, priority, Properties): an unknown
         # span stays to be resolved, and what it brings is filtered like the rest.
         id_ranges = flt.object_ids() if flt is not None else None
+        # Ascending, an unknown span is asked upstream with the unknown run after it (one
+        # FETCH, not a round trip per Group), and served as it arrives: see _resolve. Not
+        # with Object ID filters: the run would bring every Object of its Groups, where the
+        # walk's spans ask only for the IDs that pass.
+        ahead = _ReadAhead(end if order != GroupOrder.DESCENDING and id_ranges is None
+                           else None)
         groups = range(start.group, end.group + 1)
         if order == GroupOrder.DESCENDING:
             groups = range(end.group, start.group - 1, -1)

@@ -887,6 +887,17 @@ async def test_the_groups_a_relay_lacks_are_asked_upstream_in_one_fetch(tmp_path
             location_filter=LocationFilter.absolute_range(Location(0, 0), Location(5, 2))))
         assert list(got.items()) == every
         assert b.relay.counters.upstream_fetches == 3
+        # a FETCH that asks for some Object IDs of each Group is not widened upstream to
+        # the whole run: only what passes its filter crosses the link (a Group at a time)
+        for g in range(1, 5):
+            assert b.store.memory.discard_group(track.key, g)
+        fetched = b.relay.counters.upstream_fetched_objects
+        ids = RangeFilter(ParameterType.OBJECTID_FILTER, 0, (Range(0, 1),))
+        _, got = await fetch_objects(c, name, Params(
+            location_filter=LocationFilter.absolute_range(Location(0, 0), Location(5, 2)),
+            range_filters=(ids,)))
+        assert list(got.items()) == [(loc, p) for loc, p in every if loc.object <= 1]
+        assert b.relay.counters.upstream_fetched_objects - fetched == 4 * 2
         await t.group(6, group_payloads(6, 3, size=300))  # and the live part goes on
         async with asyncio.timeout(TIMEOUT):
             async for ev in sub:

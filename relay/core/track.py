@@ -594,10 +594,8 @@ class RelayTrack:
             # request's, or this walk's own run): what it brings is cached as it arrives, so
             # wait for that, not for all of it; asked again below only if it ends without
             # telling.
-            while fetch is not None and not fetch.done() and loop.time() < deadline:
-                await self.wait_change_or(fetch, deadline - loop.time())
-                if self._span_changed(span):
-                    return True
+            if fetch is not None and await self._changed_while(fetch, span, deadline):
+                return True
         if mine is not None and mine.done() and not mine.cancelled() and \
                 mine.exception() is None and mine.result():
             return False  # this walk's own FETCH was answered and left the span unknown
@@ -624,15 +622,24 @@ class RelayTrack:
             assert ahead is not None
             ahead.add(span.start, to, job)
             # the rest of the run is served as it arrives, while the FETCH goes on
-            while not job.done():
-                await self.wait_change_or(job, None)
-                if self._span_changed(span):
-                    return True
+            if await self._changed_while(job, span, deadline):
+                return True
         try:
             await job
         except (TimeoutError, LinkError, SessionClosed):
             return False
         return self._span_changed(span)
+
+    async def _changed_while(self, fetch: asyncio.Future[Any], span: Span, deadline: float
+                             ) -> bool:
+        """True as soon as ``span`` changes while ``fetch`` is on its way (until the
+        deadline); False once it is done without changing it."""
+        loop = asyncio.get_running_loop()
+        while not fetch.done() and loop.time() < deadline:
+            await self.wait_change_or(fetch, deadline - loop.time())
+            if self._span_changed(span):
+                return True
+        return False
 
     def _may_come_live(self, span: Span) -> bool:
         """Objects of ``span`` may still arrive on an upstream subscription: not if each one

@@ -382,9 +382,7 @@ class Endpoint(asyncio.DatagramProtocol):
                 self._receive_pending()
             self._pending.append(data)  # type: ignore[arg-type]
             self._pending_addr = addr
-            if not self._burst_dirty:
-                self._burst_dirty = True
-                BURST.dirty.append(self)
+            self._flush_after_burst()
             return
         self._quic.receive_datagram(data, addr, now=self._loop.time())
         self.burst_flush()
@@ -396,9 +394,11 @@ class Endpoint(asyncio.DatagramProtocol):
         if self._pending:
             self._receive_pending()  # in the order they came
         self._b.receive_gro(self._quic, buffer, segment, addr, self._loop.time())
-        if not BURST.active:
-            self.burst_flush()
-        elif not self._burst_dirty:
+        self._flush_after_burst()
+
+    def _flush_after_burst(self) -> None:
+        """Events and transmissions once, when the burst reader's burst ends."""
+        if not self._burst_dirty:
             self._burst_dirty = True
             BURST.dirty.append(self)
 

@@ -121,9 +121,10 @@ class RelayConfig:
         help="Seconds without a packet from the upstream relay (PINGed every third of it) "
              "before its session counts as dead; also bounds each dial.")
     upstream_announce_fields: int = setting(
-        2, kind="int", see='[relay.md, "Trees"](relay.md#trees)',
+        1, kind="int", see='[relay.md, "Trees"](relay.md#trees)',
         help="Announcing upward: one PUBLISH_NAMESPACE per distinct first N fields of the "
-             "namespaces this relay holds (2: per KVCS scope); 0: one per whole namespace.")
+             "namespaces this relay holds (1: one for all of KVCS; 2: per scope); 0: one "
+             "per whole namespace.")
     memory_bytes: int = setting(
         1 << 30, kind="int", unit="bytes",
         help="Byte bound of the memory tier (per-entry overhead included).")

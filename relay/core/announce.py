@@ -7,16 +7,20 @@ PUBLISH, and the namespaces of the complete Tracks it holds in LMDB (also after 
 Never what it learned from its upstream or from a sibling worker: a tree has no loops.
 
 Aggregated by prefix: one PUBLISH_NAMESPACE per distinct first ``fields`` fields of those
-namespaces (2 by default: ``("kvcs-1", Scope ID)``, the granularity of the tokens that
-authorize it), however many publications and sources lie under it. Each announcement holds
-a request stream open for its lifetime and QUIC bounds concurrent streams per session (qh3:
-100), so one per namespace could not carry a relay holding thousands of publications. The
-upstream then asks for the namespaces under each prefix (SUBSCRIBE_NAMESPACE down the same
-session, answered from this relay's own sources): one stream carries them all.
+namespaces (1 by default: ``("kvcs-1",)``, one for every KVCS publication and scope), however
+many publications and sources lie under it. Each announcement holds a request stream open for
+its lifetime and QUIC bounds concurrent streams per session (qh3: 100), so one per scope could
+not carry a relay holding thousands of scopes. The upstream then asks for the namespaces under
+each prefix (SUBSCRIBE_NAMESPACE down the same session, answered from this relay's own
+sources): one stream carries them all, and the upstream admits each by this relay's token.
+A namespace the token does not cover (known here when this relay's token table holds it) is
+never shown to the upstream.
 
 The announcement ends (its request stream cancelled) when the last source under the prefix
-goes: publisher gone, purge, eviction, expiry. After the upstream session is lost, or
-replaced by the next ``--upstream`` URL, everything is announced again on the new one.
+goes: publisher gone, purge, eviction, expiry. One that failed (no answer in time, the
+stream not granted yet) is sent again after a pause (doubling, capped) while it is wanted.
+After the upstream session is lost, or replaced by the next ``--upstream`` URL, everything
+is announced again on the new one.
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ if TYPE_CHECKING:
     from .upstream import UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
+
+
+RETRY_FIRST = 0.5  # seconds before a failed announcement is sent again
+RETRY_MAX = 5.0
 
 
 class _Pending:
@@ -81,8 +89,12 @@ class UpwardAnnouncer:
             self.remove(namespace)
 
     def add(self, namespace: TrackNamespace) -> None:
-        """One more own source under ``namespace``'s prefix (a namespace, or a Track a
-        publisher pushes with PUBLISH)."""
+        """One more own namespace under ``namespace``'s prefix."""
+        if not self.covers(namespace):
+            self.relay.counters.upstream_announcements_uncovered += 1
+            log.info("not announced upstream (the upstream token does not cover it): %s",
+                     format_namespace(namespace))
+            return
         p = self.prefix_of(namespace)
         n = self._wanted.get(p, 0)
         self._wanted[p] = n + 1
@@ -90,6 +102,8 @@ class UpwardAnnouncer:
             self._changed(p)
 
     def remove(self, namespace: TrackNamespace) -> None:
+        if not self.covers(namespace):
+            return
         p = self.prefix_of(namespace)
         n = self._wanted.get(p, 0)
         if n > 1:
@@ -103,19 +117,24 @@ class UpwardAnnouncer:
         """The prefixes the upstream accepted on the current session."""
         return [p for p, h in self._sent.items() if not isinstance(h, _Pending)]
 
-    def covered(self, prefix: TrackNamespace) -> bool:
-        """May our upstream token publish there? Known when this relay's own token table
-        holds that token (one table for a whole tree); otherwise the upstream decides, and
-        a refusal is remembered for the session."""
-        grants = self.relay.auth.grants
-        if self.token is None or not any(hmac.compare_digest(g.token, self.token)
-                                         for g in grants):
+    def _token_known(self) -> bool:
+        """This relay's own token table holds our upstream token (one table for a whole
+        tree): what it covers is known here; otherwise the upstream decides."""
+        return self.token is not None and any(hmac.compare_digest(g.token, self.token)
+                                              for g in self.relay.auth.grants)
+
+    def covers(self, namespace: TrackNamespace) -> bool:
+        """May our upstream token publish ``namespace`` (as far as known here)?"""
+        if not self._token_known():
             return True
-        return self.relay.auth.allows(Role.PUBLISH, prefix, [self.token])
+        assert self.token is not None
+        return self.relay.auth.allows(Role.PUBLISH, namespace, [self.token])
 
     def offered(self, namespace: TrackNamespace) -> bool:
-        """Under a prefix announced (or being announced) on the current session."""
-        return any(namespace_matches_prefix(namespace, p) for p in self._sent)
+        """Under a prefix announced (or being announced) on the current session, and
+        covered by our token."""
+        return any(namespace_matches_prefix(namespace, p) for p in self._sent) and \
+            self.covers(namespace)
 
     # -- the upstream session ---------------------------------------------------------------------
 
@@ -159,20 +178,14 @@ class UpwardAnnouncer:
         finally:
             self._task = None
 
-    def _announce(self, session: MoqtSession, prefix: TrackNamespace) -> None:
-        if not self.covered(prefix):
-            if prefix not in self._refused:
-                self._refused.add(prefix)
-                self.relay.counters.upstream_announcements_uncovered += 1
-                log.info("not announced upstream (the upstream token does not cover it): %s",
-                         format_namespace(prefix))
-            return
+    def _announce(self, session: MoqtSession, prefix: TrackNamespace,
+                  pause: float = RETRY_FIRST) -> None:
         pending = _Pending()
         self._sent[prefix] = pending
-        session.spawn(self._send(session, prefix, pending), "announce-up")
+        session.spawn(self._send(session, prefix, pending, pause), "announce-up")
 
     async def _send(self, session: MoqtSession, prefix: TrackNamespace,
-                    pending: _Pending) -> None:
+                    pending: _Pending, pause: float) -> None:
         try:
             handle = await asyncio.wait_for(session.publish_namespace(prefix),
                                             self.relay.options.default_fill_timeout)
@@ -186,10 +199,17 @@ class UpwardAnnouncer:
                         "served here only", format_namespace(prefix), e.reason, e.code)
             return
         except (SessionFailure, LinkError, TimeoutError) as e:
-            if self._sent.get(prefix) is pending:
-                del self._sent[prefix]
-            log.info("announcement of %s upstream failed: %s", format_namespace(prefix),
-                     e or "no answer in time")
+            if self._sent.get(prefix) is not pending:
+                return
+            del self._sent[prefix]
+            log.info("announcement of %s upstream failed: %s; sent again in %.1f s",
+                     format_namespace(prefix), str(e) or "no answer in time", pause)
+            await asyncio.sleep(pause)  # a back-off timer: nothing to wait on
+            if session is self._session and not session.closed and \
+                    prefix in self._wanted and prefix not in self._sent and \
+                    prefix not in self._refused:
+                self.relay.counters.upstream_announcements_retried += 1
+                self._announce(session, prefix, min(pause * 2, RETRY_MAX))
             return
         if self._sent.get(prefix) is not pending or session is not self._session:
             handle.withdraw()  # no longer wanted, or the session was replaced meanwhile

@@ -83,6 +83,7 @@ class Counters:
     upstream_unreachable: int = 0
     upstream_announcements_refused: int = 0
     upstream_announcements_uncovered: int = 0
+    upstream_announcements_retried: int = 0
     upstream_pushes: int = 0
     upstream_pushes_failed: int = 0
     # LMDB

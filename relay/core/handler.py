@@ -29,6 +29,7 @@ from relay.moqt.primitives import (
     Location,
     TrackNamespace,
     format_full_track_name,
+    format_namespace,
     prefixes_overlap,
 )
 from relay.moqt.range_filter import ObjectFilter, override_filters
@@ -53,10 +54,11 @@ from . import cache
 from .announce import AnnouncedAuthority
 from .auth import Authorizer, Role, token_values
 from .forwarder import Forwarder
-from .namespaces import NamespaceListener, PublisherEntry, Reach, not_from, own_source
+from .namespaces import CACHE, NamespaceListener, PublisherEntry, Reach, not_from, own_source
 from .scheduler import DEFAULT_SUBSCRIBER_PRIORITY, ScheduledWriter, SessionScheduler
 from .track import RelayTrack
 from .upstream import UNREACHABLE
+from .upstream_namespaces import UPSTREAM_ANSWER_WAIT
 
 if TYPE_CHECKING:
     from .relay import Relay
@@ -187,19 +189,43 @@ class RelayHandler(SessionHandler):
     async def publish_namespace(self, req: IncomingPublishNamespace) -> None:
         if await self._downward(req):
             return
-        if not self._allowed(req, Role.PUBLISH, req.namespace):
+        session = _moqt_session(req)
+        routing = self.relay.routing
+        tree = self.reach is Reach.ALL and routing.is_tree_relay(session)
+        tokens = _tokens(session, req.params)
+        auth = self.auth
+        # A lower relay announces one wide prefix for everything it holds (one request
+        # stream, however many scopes): it may if its token may publish anywhere under it,
+        # and each namespace it then lists is admitted by that token (docs/relay.md, "Trees")
+        allowed = auth.allows_prefix(Role.PUBLISH, req.namespace, tokens) if tree else \
+            auth.allows(Role.PUBLISH, req.namespace, tokens)
+        if not allowed:
+            self.relay.counters.auth_failures += 1
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized to publish there")
             return
-        session = _moqt_session(req)
-        entry = PublisherEntry(req.namespace, session)
         await req.accept()
+        if tree:
+            def admit(ns: TrackNamespace) -> bool:
+                ok = auth.allows(Role.PUBLISH, ns, tokens)
+                if not ok:
+                    self.relay.counters.auth_failures += 1
+                    log.info("lower relay's namespace %s not admitted: its token may not "
+                             "publish there", format_namespace(ns))
+                return ok
+            # learned namespace by namespace, routed by them only: a wide prefix routes
+            # nothing by itself, or every request for an unknown Track would go down to
+            # every lower relay
+            stop = routing.follow_child(session, req.namespace, admit)
+            try:
+                await req.withdrawn.wait()
+            finally:
+                stop()
+            return
+        entry = PublisherEntry(req.namespace, session)
         self.relay.namespaces.add_publisher(entry)
-        # a lower relay announcing: learn the namespaces it holds under the prefix
-        stop = self.relay.routing.follow_child(session, req.namespace)
         try:
             await req.withdrawn.wait()
         finally:
-            stop()
             self.relay.namespaces.remove_publisher(entry)
 
     async def publish(self, req: IncomingPublish) -> None:
@@ -214,14 +240,15 @@ class RelayHandler(SessionHandler):
         if relay.push is not None and self.reach is Reach.ALL:
             # before the Track ingests anything: the push misses no Object
             await relay.push.start(track, tuple(sub.track_properties or ()))
-        announcer = relay.announcer
-        if announcer is not None:
-            announcer.add(req.namespace)  # routable from above while it is pushed here
+        # the namespace of a pushed Track is this relay's own while it is pushed: listed to
+        # listeners (so announced upward and learned by the relay above), though requests
+        # are never routed to a PUBLISH session by its namespace
+        entry = PublisherEntry(req.namespace, CACHE)
+        relay.namespaces.add_publisher(entry)
         try:
             await track.ingest(sub)
         finally:
-            if announcer is not None:
-                announcer.remove(req.namespace)
+            relay.namespaces.remove_publisher(entry)
 
     # -- discovery --------------------------------------------------------------------------------
 
@@ -250,12 +277,18 @@ class RelayHandler(SessionHandler):
             req.prefix, lambda ns, active: queue.put_nowait((ns, active)),
             lambda ns: auth.allows(Role.SUBSCRIBE, ns, tokens) and
             (not text_only or _is_text(ns)), session, shows, over=req.cancelled.is_set)
-        await req.accept()
         for ns in table.add_listener(listener):
             queue.put_nowait((ns, True))
-        if self.reach is Reach.ALL:
-            await relay.routing.subscribe_namespace_upstream(req.prefix)
+        interest = None
         try:
+            upstream = relay.routing.upstream_namespaces
+            if self.reach is Reach.ALL and upstream is not None:
+                # the upstream relay is asked too, for as long as this request lives; its
+                # answer is awaited (bounded) only while the link is not known to be down
+                interest = upstream.acquire(req.prefix)
+                if not upstream.link.unreachable:
+                    await interest.answered(UPSTREAM_ANSWER_WAIT)
+            await req.accept()
             while not req.cancelled.is_set():
                 get = asyncio.ensure_future(queue.get())
                 cancelled = asyncio.ensure_future(req.cancelled.wait())
@@ -272,6 +305,8 @@ class RelayHandler(SessionHandler):
                 await (req.announce(ns) if active else req.withdraw(ns))
         finally:
             table.remove_listener(listener)
+            if interest is not None:
+                interest.release()
 
     # -- subscriptions ----------------------------------------------------------------------------
 

@@ -13,9 +13,7 @@ from relay.moqt.codes import (
     SessionErrorCode,
 )
 from relay.moqt.kvp import kvps_from_bytes
-from relay.moqt.primitives import (
-    FullTrackName,
-)
+from relay.moqt.primitives import FullTrackName, TrackNamespace
 from relay.options import RelayOptions
 from relay.session import (
     Connection,
@@ -57,7 +55,7 @@ def relay_session_config(options: RelayOptions) -> SessionConfig:
 class Relay:
     def __init__(self, store: TieredStore, *, options: RelayOptions | None = None,
                  authorizer: Authorizer | None = None, upstream: UpstreamLink | None = None,
-                 clock: Callable[[], float] = time.time, announce_fields: int = 2,
+                 clock: Callable[[], float] = time.time, announce_fields: int = 1,
                  upstream_token: bytes | None = None) -> None:
         self.store = store
         options = options or RelayOptions()
@@ -65,6 +63,9 @@ class Relay:
         self.auth = authorizer or Authorizer()
         self.namespaces = NamespaceTable()
         self.tracks: dict[FullTrackName, RelayTrack] = {}
+        # the same Tracks by namespace: what the relay holds of a namespace is looked up
+        # without a scan (a session with 10,000 learned namespaces ends at once)
+        self.tracks_by_namespace: dict[TrackNamespace, dict[FullTrackName, RelayTrack]] = {}
         self.sessions: set[MoqtSession] = set()
         self.counters = Counters()
         self.upstream = upstream
@@ -83,6 +84,10 @@ class Relay:
                 self.push = UpstreamPush(self)
         self.persistence = Persistence(store, self.namespaces, self.counters, clock)
         self.routing = Routing(self)
+
+    def upstream_session(self) -> MoqtSession | None:
+        """The upstream relay session in use now, if any (no dial)."""
+        return self.upstream.session if self.upstream is not None else None
 
     @property
     def session_config(self) -> SessionConfig:
@@ -141,6 +146,7 @@ class Relay:
             if self._created % self.sweep_every == 0:
                 self.sweep()
             t = self.tracks[name] = RelayTrack(name, self.store, self.persistence.commit)
+            self.tracks_by_namespace.setdefault(name.namespace, {})[name] = t
             t.counters = self.counters
             stored = self.store.track_properties(t.key)
             if stored:  # a Track held in LMDB keeps its Track Properties across restarts
@@ -169,7 +175,12 @@ class Relay:
             self._forget(track)
 
     def _forget(self, track: RelayTrack) -> None:
-        del self.tracks[track.full_name]
+        name = track.full_name
+        del self.tracks[name]
+        same = self.tracks_by_namespace[name.namespace]
+        del same[name]
+        if not same:
+            del self.tracks_by_namespace[name.namespace]
         self.store.memory.set_cache_duration(track.key, None)
 
     async def wait_committed(self, name: FullTrackName, timeout: float = 10.0) -> bool:
@@ -196,6 +207,8 @@ class Relay:
             s.close(SessionErrorCode.NO_ERROR, "relay shutting down")
         if self.announcer is not None:
             await self.announcer.close()
+        if self.routing.upstream_namespaces is not None:
+            self.routing.upstream_namespaces.close()
         if self.upstream is not None:
             await self.upstream.close()
 

@@ -40,6 +40,7 @@ from .cache import stored_object
 from .namespaces import CACHE, PublisherEntry, Reach
 from .track import MarkerSpans, RelayTrack
 from .upstream import UNREACHABLE
+from .upstream_namespaces import UpstreamNamespaces
 
 if TYPE_CHECKING:
     from .relay import Relay
@@ -51,6 +52,8 @@ log = logging.getLogger("kvcs.relay")
 RELAY_IMPLEMENTATION = "kvcs-relay/0.1 tree"
 
 ABSENT_TRACKS = 4096  # Track names remembered as answered DOES_NOT_EXIST upstream
+CHILD_RETRY_FIRST = 0.5  # seconds before a lower relay's namespaces are asked for again
+CHILD_RETRY_MAX = 5.0
 
 
 class Routing:
@@ -58,8 +61,11 @@ class Routing:
         self.relay = relay
         self._fetches: dict[tuple[FullTrackName, Location, Location, Reach],
                             asyncio.Future[bool]] = {}
-        self._upstream_ns: dict[TrackNamespace, Any] = {}
-        # namespaces learned from a source that has gone, of which Objects are still held
+        # SUBSCRIBE_NAMESPACE upstream, held while local listeners need them
+        self.upstream_namespaces: UpstreamNamespaces | None = \
+            UpstreamNamespaces(self, relay.upstream) if relay.upstream is not None else None
+        # learned namespaces kept discoverable while Objects of them are held here (their
+        # source gone, or nobody here following it any more)
         self._kept_ns: dict[TrackNamespace, PublisherEntry] = {}
         # lower relays' sessions and the prefixes followed on each (SUBSCRIBE_NAMESPACE down)
         self._children: dict[MoqtSession, dict[TrackNamespace, Any]] = {}
@@ -82,8 +88,8 @@ class Routing:
 
     def _holds(self, namespace: TrackNamespace) -> bool:
         """Objects of a Track of ``namespace`` are cached here (memory or LMDB)."""
-        return any(t.full_name.namespace == namespace and t.largest() is not None
-                   for t in self.relay.tracks.values())
+        return any(t.largest() is not None
+                   for t in self.relay.tracks_by_namespace.get(namespace, {}).values())
 
     def sources(self, namespace: TrackNamespace, reach: Reach = Reach.ALL) -> list[Any]:
         found: list[Any] = []
@@ -109,7 +115,7 @@ class Routing:
 
     async def _follow_sibling(self, session: MoqtSession, nsub: Any) -> None:
         try:
-            await self._follow_namespaces(nsub, session)
+            await self.follow_namespaces(nsub, session)
         finally:
             self.relay.siblings.discard(session)
 
@@ -170,7 +176,7 @@ class Routing:
                 except (SessionFailure, LinkError, TimeoutError) as e:
                     last = self._unanswered("SUBSCRIBE", track, e)
                     continue
-                self.learned(track, None)
+                self.learned(track, None, src)
                 self.relay.counters.upstream_subscriptions += 1
                 track.attach_upstream(sub)
                 src.spawn(track.ingest(sub), "ingest")
@@ -180,11 +186,17 @@ class Routing:
             track.establishing = None
             fut.set_result(None)
 
-    def learned(self, track: RelayTrack, e: RequestRejected | None) -> None:
+    def learned(self, track: RelayTrack, e: RequestRejected | None,
+                source: MoqtSession | None = None) -> None:
         """A source's answer about ``track``: DOES_NOT_EXIST is remembered, anything it
-        served forgets that."""
+        served forgets that. Served by the upstream relay or a sibling worker: the Track's
+        namespace stays discoverable here while the relay holds Objects of it (kept, as
+        learned), whether or not anyone here still follows the upstream's namespaces."""
         if e is None:
             self._absent.pop(track.full_name, None)
+            if source is not None and (source in self.relay.siblings or
+                                       source is self.relay.upstream_session()):
+                self._keep(track.full_name.namespace)
         elif e.code == RequestErrorCode.DOES_NOT_EXIST and self.relay.upstream is not None:
             # only used while an upstream is unreachable (in_outage): a relay without one
             # keeps no per-request memory of refusals
@@ -270,7 +282,7 @@ class Routing:
                                        Params(location_filter=lf,
                                               group_order=GroupOrder.ASCENDING))
                 self.relay.counters.upstream_fetches += 1
-                self.learned(track, None)
+                self.learned(track, None, src)
                 if resp.end_location is not None and resp.end_location.object != OBJECT_MAX:
                     # End Location is at most the responder's Largest Object (§7.10) —
                     # unless it is {G, 2^64-1}, "all of Group G" (a convention some peers
@@ -337,46 +349,24 @@ class Routing:
             return None
         return err
 
-    async def subscribe_namespace_upstream(self, prefix: TrackNamespace) -> None:
-        """Aggregated SUBSCRIBE_NAMESPACE upstream; what it announces becomes routable there."""
-        if prefix in self._upstream_ns or self.relay.upstream is None:
-            return
-        up = await self._upstream_session()
-        if up is None:
-            return
-        for existing in self._upstream_ns:
-            if prefixes_overlap(existing, prefix) and len(existing) <= len(prefix):
-                return  # an existing upstream prefix already covers it
-        self._upstream_ns[prefix] = None
-        try:
-            nsub = await up.subscribe_namespace(prefix)
-        except (RequestRejected, SessionFailure, LinkError) as e:
-            log.info("upstream SUBSCRIBE_NAMESPACE failed: %s", e)
-            self._upstream_ns.pop(prefix, None)
-            return
-        self._upstream_ns[prefix] = nsub
-        up.spawn(self._follow_upstream_namespaces(prefix, nsub, up), "upstream-namespaces")
-
-    async def _follow_upstream_namespaces(self, prefix: TrackNamespace, nsub: Any,
-                                          up: MoqtSession) -> None:
-        try:
-            await self._follow_namespaces(nsub, up)
-        finally:
-            self._upstream_ns.pop(prefix, None)
-
-    def follow_child(self, session: MoqtSession, prefix: TrackNamespace
-                     ) -> Callable[[], None]:
-        """A lower relay announced ``prefix`` (one PUBLISH_NAMESPACE per prefix, however
-        many publications under it): ask it which namespaces it holds there
-        (SUBSCRIBE_NAMESPACE down that session), so discovery anywhere in the tree finds
-        them. They are this relay's own namespaces (announced further up, and requests
-        for them routed down). Returns what stops following (the announcement ended)."""
+    def is_tree_relay(self, session: MoqtSession) -> bool:
+        """A lower relay of this tree (it says so in SETUP): what it announces is learned
+        namespace by namespace (``follow_child``), not routed by its prefix."""
         setup = session.peer_setup
+        return setup is not None and setup.moqt_implementation == RELAY_IMPLEMENTATION
+
+    def follow_child(self, session: MoqtSession, prefix: TrackNamespace,
+                     admit: Callable[[TrackNamespace], bool]) -> Callable[[], None]:
+        """A lower relay announced ``prefix`` (one PUBLISH_NAMESPACE, however many
+        publications and scopes under it): ask it which namespaces it holds there
+        (SUBSCRIBE_NAMESPACE down that session, one stream for all of them), so discovery
+        anywhere in the tree finds them. Those ``admit`` lets in (what its token may
+        publish) are this relay's own namespaces (announced further up, and requests for
+        them routed down). Returns what stops following (the announcement ended)."""
         followed = self._children.setdefault(session, {})
-        if setup is None or setup.moqt_implementation != RELAY_IMPLEMENTATION or \
-                any(prefixes_overlap(p, prefix) for p in followed):
+        if any(prefixes_overlap(p, prefix) for p in followed):
             return lambda: None
-        task = session.spawn(self._follow_child(session, prefix), "child-namespaces")
+        task = session.spawn(self._follow_child(session, prefix, admit), "child-namespaces")
         followed[prefix] = task
 
         def stop() -> None:
@@ -385,50 +375,87 @@ class Routing:
                 task.cancel()
         return stop
 
-    async def _follow_child(self, session: MoqtSession, prefix: TrackNamespace) -> None:
-        try:
-            nsub = await asyncio.wait_for(session.subscribe_namespace(prefix),
-                                          self.relay.options.default_fill_timeout)
-        except (RequestRejected, SessionFailure, LinkError, TimeoutError) as e:
-            log.info("lower relay's namespaces under %s not followed: %s",
-                     format_namespace(prefix), e or "no answer in time")
-            return
-        try:
-            await self._follow_namespaces(nsub, session, upstream=False)
-        finally:
-            nsub.cancel()
+    async def _follow_child(self, session: MoqtSession, prefix: TrackNamespace,
+                            admit: Callable[[TrackNamespace], bool]) -> None:
+        """Followed for as long as the announcement lives: a subscription that could not be
+        made (no answer in time, no stream credit yet) or that the lower relay ended is
+        asked again after a pause (doubling, capped), never given up."""
+        pause = CHILD_RETRY_FIRST
+        while not session.closed:
+            try:
+                nsub = await asyncio.wait_for(session.subscribe_namespace(prefix),
+                                              self.relay.options.default_fill_timeout)
+            except (RequestRejected, SessionFailure, LinkError, TimeoutError) as e:
+                log.info("lower relay's namespaces under %s not followed yet: %s",
+                         format_namespace(prefix), str(e) or type(e).__name__)
+            else:
+                pause = CHILD_RETRY_FIRST
+                try:
+                    await self.follow_namespaces(nsub, session, upstream=False, admit=admit)
+                finally:
+                    nsub.cancel()
+            if session.closed:
+                return
+            await asyncio.sleep(pause)  # a back-off timer: nothing to wait on
+            pause = min(pause * 2, CHILD_RETRY_MAX)
 
-    async def _follow_namespaces(self, nsub: Any, source: MoqtSession, *,
-                                 upstream: bool = True) -> None:
+    async def follow_namespaces(self, nsub: Any, source: MoqtSession, *,
+                                upstream: bool = True,
+                                entries: dict[TrackNamespace, PublisherEntry] | None = None,
+                                handed: set[TrackNamespace] | None = None,
+                                admit: Callable[[TrackNamespace], bool] | None = None
+                                ) -> None:
         """What a namespace subscription to ``source`` announces is routable there, until
         withdrawn or the subscription ends. ``upstream``: learned from the upstream relay or
-        a sibling worker (not this relay's own, see PublisherEntry)."""
-        entries: dict[TrackNamespace, PublisherEntry] = {}
+        a sibling worker (not this relay's own, see PublisherEntry). ``entries``: the
+        caller's record of what was learned (it may take them over, UpstreamNamespaces);
+        ``handed``: entries taken over from another subscription, kept as they are when
+        announced again; ``admit``: which namespaces may be learned at all."""
+        if entries is None:
+            entries = {}
+        table = self.relay.namespaces
         try:
             async for ev in nsub:
+                ns = ev.namespace
                 if ev.active:
-                    e = PublisherEntry(ev.namespace, source, upstream=upstream)
-                    entries[ev.namespace] = e
-                    self.relay.namespaces.add_publisher(e)
+                    if handed is not None and ns in handed:
+                        handed.discard(ns)  # announced again: the entry taken over stays
+                        continue
+                    if ns in entries:
+                        continue
+                    if admit is not None and not admit(ns):
+                        continue
+                    e = PublisherEntry(ns, source, upstream=upstream)
+                    entries[ns] = e
+                    table.add_publisher(e)
                 else:
-                    e2 = entries.pop(ev.namespace, None)
+                    e2 = entries.pop(ns, None)
+                    if handed is not None:
+                        handed.discard(ns)
                     if e2 is not None:
-                        self.relay.namespaces.remove_publisher(e2)
+                        table.remove_publisher(e2)
         except SessionFailure:
             pass
         finally:
-            for e in entries.values():
-                if upstream and e.namespace not in self._kept_ns and \
-                        self._holds(e.namespace):
-                    # the source is gone, not the namespace: what this relay holds of it
-                    # stays discoverable and served (as learned, like its Objects) until
-                    # the registry forgets its last Track (sweep). Still learned, not its
-                    # own: never announced upward, or the upstream (once back) would route
-                    # requests for it down here while this relay asks up for the same Track
-                    kept = self._kept_ns[e.namespace] = PublisherEntry(e.namespace, CACHE,
-                                                                       upstream=True)
-                    self.relay.namespaces.add_publisher(kept)
-                self.relay.namespaces.remove_publisher(e)
+            for e in list(entries.values()):
+                self.drop_learned(e)
+            entries.clear()
+
+    def drop_learned(self, e: PublisherEntry) -> None:
+        """A learned namespace's source no longer offers it. If it was learned from above
+        and this relay holds Objects of it, it stays discoverable and served (kept)."""
+        if e.upstream and self._holds(e.namespace):
+            self._keep(e.namespace)
+        self.relay.namespaces.remove_publisher(e)
+
+    def _keep(self, namespace: TrackNamespace) -> None:
+        """Discoverable here as learned, until the registry forgets its last Track (sweep).
+        Still learned, not this relay's own: never announced upward, or the upstream (once
+        back) would route requests for it down here while this relay asks up for the same
+        Track; never a route either (the cache serves what it holds)."""
+        if namespace not in self._kept_ns:
+            kept = self._kept_ns[namespace] = PublisherEntry(namespace, CACHE, upstream=True)
+            self.relay.namespaces.add_publisher(kept)
 
 
 __all__ = ["Routing"]

@@ -35,7 +35,7 @@ from .events import (
 )
 from .fetch import FetchResponse, IncomingFetch
 from .handler import SessionHandler
-from .handles import Connection, LinkError, QuicSettings, SendBacklog
+from .handles import Connection, LinkError, QuicSettings, RequestStreams, SendBacklog
 from .namespace import (
     IncomingPublishNamespace,
     IncomingSubscribeNamespace,
@@ -68,6 +68,7 @@ __all__ = [
     "ReceivedObject",
     "RequestCancelled",
     "RequestRejected",
+    "RequestStreams",
     "SendBacklog",
     "ServedSubscription",
     "SessionClosed",

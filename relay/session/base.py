@@ -21,7 +21,7 @@ from relay.moqt.errors import SessionError
 from relay.moqt.kvp import Properties
 from relay.moqt.messages import Setup
 from relay.moqt.state import SessionState
-from relay.transport import Connection, ConnectionClosed, TransportError
+from relay.transport import Connection, ConnectionClosed, RequestStreams, TransportError
 
 from .config import SessionConfig
 from .errors import SessionClosed
@@ -180,6 +180,10 @@ class SessionBase:
 
     def next_track_alias(self) -> int:
         return self.state.next_track_alias()
+
+    def request_streams(self) -> RequestStreams:
+        """Request streams open now and granted, ours (``out``) and the peer's (``in``)."""
+        return self.conn.request_streams()
 
     async def open_request(self) -> RequestStream:
         if self.closed:

@@ -11,6 +11,8 @@ layer's names, so that they import nothing of relay.transport themselves.
   copy made at every session method would cost a frame on each Object written and turn
   any path it missed into an uncaught error; the name is the seam, so the core catches
   ``LinkError`` whatever the transport below calls it.
+- :data:`RequestStreams`: a session's request streams in use and granted, each way (what
+  the relay reports per link, docs/metrics.md).
 - :data:`Connection` (what :meth:`MoqtSession.start` serves) and :data:`QuicSettings` (what
   :func:`open_session` dials with): handed through from the listener and the launcher.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from relay.transport import Connection, QuicSettings, TransportError
+from relay.transport import Connection, QuicSettings, RequestStreams, TransportError
 
 LinkError = TransportError
 
@@ -47,4 +49,4 @@ class SendBacklog(Protocol):
         ...
 
 
-__all__ = ["Connection", "LinkError", "QuicSettings", "SendBacklog"]
+__all__ = ["Connection", "LinkError", "QuicSettings", "RequestStreams", "SendBacklog"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from relay.moqt.codes import MessageType, StreamResetCode
+from relay.moqt.codes import MessageType, SessionErrorCode, StreamResetCode
 from relay.moqt.messages import (
     Namespace,
     NamespaceDone,
@@ -113,6 +113,15 @@ class NamespaceSubscription(EventSource[NamespaceEvent]):
         self._events = EventQueue(1 << 16)
 
     async def _loop(self) -> None:
+        try:
+            await self._read()
+        finally:
+            # however the reading ended (the session closed and cancelled this task, the
+            # connection failed): the iterator ends, never waits forever (no-op after END)
+            code, reason = self.session.close_info or (SessionErrorCode.INTERNAL_ERROR, "")
+            self._events.put_nowait_end(SessionClosed(code, reason))
+
+    async def _read(self) -> None:
         try:
             while True:
                 msg = await self.rs.recv()

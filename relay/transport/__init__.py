@@ -57,7 +57,7 @@ Operational behaviour (details in the module docstrings):
 
 from .client import connect
 from .config import H3_ALPN, MOQT_ALPN, QuicSettings
-from .connection import Connection
+from .connection import Connection, RequestStreams
 from .errors import (
     ConnectionClosed,
     ConnectTimeout,
@@ -82,6 +82,7 @@ __all__ = [
     "ProtocolNegotiationError",
     "QuicSettings",
     "RecvStream",
+    "RequestStreams",
     "SendStream",
     "Server",
     "StreamReset",

@@ -161,7 +161,7 @@ class CreditedQuicConnection(QuicConnection):
 class AioquicView:
     """aioquic's answers for the endpoint (see :class:`~relay.transport.backend.QuicView`)."""
 
-    __slots__ = ("_q", "_queued")
+    __slots__ = ("_granted", "_q", "_queued")
 
     def __init__(self, quic: QuicConnection, settings: QuicSettings) -> None:
         # Must run before the handshake so the stream limits go out in the transport
@@ -179,6 +179,7 @@ class AioquicView:
                            (q._local_max_streams_uni, settings.max_streams_uni)):
             lim.value = lim.sent = value
         use_model_pacer(q)
+        self._granted = (settings.max_streams_bidi, settings.max_streams_uni)
         self._q = q
         self._queued = 0  # application bytes handed to aioquic (for the connection HWM)
 
@@ -210,10 +211,13 @@ class AioquicView:
         return (self.unsent_total() <= 0 and q._loss.bytes_in_flight == 0
                 and all(s.sender.buffer_is_empty for s in q._streams.values()))
 
-    def can_open(self, stream_id: int) -> bool:
+    def openable(self, stream_id: int) -> int:
         q = self._q
         limit = q._remote_max_streams_uni if stream_id & 2 else q._remote_max_streams_bidi
-        return stream_id // 4 < limit
+        return max(0, limit - stream_id // 4)
+
+    def granted_to_peer(self, uni: bool) -> int:
+        return self._granted[uni]
 
     def peer_address(self) -> Any:
         return self._q.get_peer_address()

@@ -46,6 +46,9 @@ PRIVATE_MEMBERS_INSTANCE = ("_core", "_remote_addr", "_close_event",
                             "_remote_max_datagram_frame_size", "_handshake_complete",
                             "_quic_logger", "_call_core", "_drain_core", "_normalize_address")
 PRIVATE_MEMBERS_H3 = ("_stream",)
+# What qh3's core lets a peer open at once (bidirectional, unidirectional), whatever the
+# settings say; it returns one credit per closed stream.
+QH3_PEER_STREAMS = (100, 103)
 PRIVATE_MEMBERS_SERVER = ("_protocols",)
 
 
@@ -81,13 +84,16 @@ class Qh3View:
         return (q.get_send_buffer_size() == 0
                 and (core is None or core.bytes_in_flight == 0))
 
-    def can_open(self, stream_id: int) -> bool:
+    def openable(self, stream_id: int) -> int:
         core = self._q._core
         if core is None:
-            return True
+            return 1
         # (bidi, uni) streams the peer allows us, as stream counts
         limit = core.stream_limits[1 if stream_id & 2 else 0]
-        return stream_id // 4 < limit
+        return max(0, limit - stream_id // 4)
+
+    def granted_to_peer(self, uni: bool) -> int:
+        return QH3_PEER_STREAMS[uni]
 
     def peer_address(self) -> Any:
         return self._q._remote_addr

@@ -51,8 +51,12 @@ class QuicView(Protocol):
     def drained(self) -> bool:
         """Everything written was sent and acknowledged."""
 
-    def can_open(self, stream_id: int) -> bool:
-        """The peer's stream limit admits ``stream_id``."""
+    def openable(self, stream_id: int) -> int:
+        """How many streams of ``stream_id``'s kind, from ``stream_id`` on, the peer's
+        stream limit admits now (0: the next one must wait for MAX_STREAMS)."""
+
+    def granted_to_peer(self, uni: bool) -> int:
+        """How many streams of that kind we let the peer have open at once."""
 
     def peer_address(self) -> Any:
         """The peer's current UDP address."""

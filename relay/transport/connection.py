@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from .errors import ConnectionClosed
 from .streams import IncomingStream, RecvStream, SendStream
@@ -28,6 +28,13 @@ _DATAGRAM_QUEUE = 256
 # Bytes of QUIC packet overhead around a DATAGRAM frame in a 1-RTT packet: short header
 # (1 + 8-byte CID + up to 4-byte packet number), AEAD tag (16), frame type + length (1+4).
 _DATAGRAM_OVERHEAD = 1 + 8 + 4 + 16 + 1 + 4
+
+
+class RequestStreams(NamedTuple):
+    out_in_use: int
+    out_granted: int
+    in_in_use: int
+    in_granted: int
 
 
 class StreamTable:
@@ -50,6 +57,10 @@ class StreamTable:
         self.closed_event = asyncio.Event()
         self._datagrams: deque[bytes] = deque(maxlen=_DATAGRAM_QUEUE)
         self._dgram_waiter: asyncio.Future[None] | None = None
+        # bidirectional streams open now (until both halves are done here), ours and the
+        # peer's: MOQT's request streams, the resource a peer's MAX_STREAMS bounds
+        self.bidi_open = [0, 0]  # [ours, theirs]
+        self._local_bit = 0 if port.is_client else 1
 
     @property
     def closed(self) -> bool:
@@ -65,6 +76,7 @@ class StreamTable:
             return s, None
         r = RecvStream(self, sid)
         self.recv_streams[sid] = r
+        self.bidi_open[0] += 1
         return s, r
 
     async def accept(self) -> IncomingStream:
@@ -137,12 +149,17 @@ class StreamTable:
     def send_done(self, s: SendStream) -> None:
         sid = s.stream_id
         if self.send_streams.pop(sid, None) is not None and sid not in self.recv_streams:
-            self._port.retire(sid)
+            self._retire(sid)
 
     def recv_done(self, r: RecvStream) -> None:
         sid = r.stream_id
         if self.recv_streams.pop(sid, None) is not None and sid not in self.send_streams:
-            self._port.retire(sid)
+            self._retire(sid)
+
+    def _retire(self, sid: int) -> None:
+        if not sid & 2:
+            self.bidi_open[(sid & 1) != self._local_bit] -= 1
+        self._port.retire(sid)
 
     # -- events: called by the endpoint ------------------------------------------------
 
@@ -153,6 +170,7 @@ class StreamTable:
         if not uni:
             s = SendStream(self, sid)
             self.send_streams[sid] = s
+            self.bidi_open[1] += 1
         self._incoming.append(IncomingStream(r, s))
         self._view.stream_arrived(uni)
         w = self._accept_waiter
@@ -205,6 +223,7 @@ class StreamTable:
         sids = sorted(set(self.send_streams) | set(self.recv_streams))
         self.send_streams.clear()
         self.recv_streams.clear()
+        self.bidi_open = [0, 0]
         self.closed_event.set()
         return sids
 
@@ -287,6 +306,16 @@ class Connection:
             return await self.accept()
         except ConnectionClosed:
             raise StopAsyncIteration from None
+
+    def request_streams(self) -> RequestStreams:
+        """Bidirectional (request) streams open now and granted, each way: ``out`` are
+        ours, bounded by the peer's MAX_STREAMS; ``in`` the peer's, bounded by ours."""
+        t = self.streams
+        if t.close_exc is not None:
+            return RequestStreams(0, 0, 0, 0)
+        ours, theirs = t.bidi_open
+        return RequestStreams(ours, ours + self._port.streams_openable(uni=False),
+                              theirs, self._port.view.granted_to_peer(False))
 
     # -- datagrams ---------------------------------------------------------------------
 

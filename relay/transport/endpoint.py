@@ -119,7 +119,7 @@ class Endpoint(asyncio.DatagramProtocol):
             if table.close_exc is not None:
                 raise table.close_exc
             nxt = q.get_next_available_stream_id(is_unidirectional=uni)
-            if self._view.can_open(nxt):
+            if self._view.openable(nxt) > 0:
                 break
             # Peer's MAX_STREAMS reached: wait for it to raise the limit (re-checked
             # after every transmit) rather than let aioquic queue a blocked stream.
@@ -132,6 +132,10 @@ class Endpoint(asyncio.DatagramProtocol):
             sid = self._wt.open_stream(table.session_id, uni=uni)
         self._owner[sid] = table  # type: ignore[assignment]  # the StreamTable itself
         return sid
+
+    def streams_openable(self, *, uni: bool) -> int:
+        return self._view.openable(
+            self._quic.get_next_available_stream_id(is_unidirectional=uni))
 
     def send_stream_data(self, sid: int, data: Any, fin: bool) -> None:
         self._quic.send_stream_data(sid, data, fin)

@@ -48,6 +48,9 @@ class EndpointPort(Protocol):
     async def open_stream(self, table: StreamTablePort, *, uni: bool) -> int:
         """A new local stream of the session (waits for the peer's stream limit)."""
 
+    def streams_openable(self, *, uni: bool) -> int:
+        """How many more local streams of that kind the peer's limit admits now."""
+
     def send_stream_data(self, stream_id: int, data: Any, fin: bool) -> None: ...
 
     def reset_stream(self, stream_id: int, wire_code: int) -> None: ...

@@ -41,7 +41,7 @@ async def relay_at(data_dir: Path, *, upstream: Sequence[str] = (), port: int = 
                    send_buffer_bytes: int = 1 << 20, lmdb_bytes: int = 256 << 20,
                    lmdb_max_age: float | None = None,
                    clock: Callable[[], float] = time.time, upstream_token: bytes | None = None,
-                   upstream_announce_fields: int = 2,
+                   upstream_announce_fields: int = 1,
                    upstream_idle_timeout: float = RelayConfig.upstream_idle_timeout
                    ) -> RunningRelay:
     """``upstream_idle_timeout`` also bounds each dial: a test whose upstream never answers

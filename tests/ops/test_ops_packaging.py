@@ -170,7 +170,7 @@ def test_a_two_tier_tree_renders_with_its_upstream_token_and_announcing() -> Non
     _root, edge = _tree()
     conf = _conf(edge, "edge-kvcs-relay")
     assert conf["upstream"] == ["moqt://root-kvcs-relay.kvcs.svc:4433/"]
-    assert conf["upstream_push"] is True and conf["upstream_announce_fields"] == 2
+    assert conf["upstream_push"] is True and conf["upstream_announce_fields"] == 1
     # the token is a Secret mounted where the configuration points, never in the ConfigMap
     assert "edge-s3cret" not in edge["ConfigMap", "edge-kvcs-relay"]["data"]["relay.toml"]
     secret = edge["Secret", "edge-kvcs-relay-upstream-token"]["stringData"]["upstream.token"]

@@ -91,6 +91,7 @@ def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
     logs.setup(settings.log_level, settings.log_format,
                secrets=[t["token"] for t in settings.auth_tokens]
                + [settings.admin_token or ""])
+    from relay.core.loops import RelayLoop
     from relay.service import WorkerRole, run_forever
 
     config = settings.relay_config()
@@ -108,7 +109,8 @@ def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
             fd = os.environ.get("KVCS_WORKER_FD")
             config.worker = WorkerRole(int(os.environ["KVCS_WORKER_INDEX"]), Path(worker_dir),
                                        os.environ["KVCS_WORKER_SECRET"],
-                                       int(fd) if fd else None)
+                                       int(fd) if fd else None,
+                                       os.environ.get("KVCS_WORKER_RELAY_ID", ""))
         elif settings.workers > 1:
             from relay.workers import supervise
 
@@ -117,6 +119,9 @@ def relay(config_file: Path | None, print_config: bool, **flags: Any) -> None:
                 env["KVCS_RELAY_CONFIG"] = str(config_file.resolve())
             sys.exit(asyncio.run(supervise(config, settings.workers, env)))
         asyncio.run(run_forever(config))
+    except RelayLoop as e:  # a configuration error, found across relays
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
     except OSError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

@@ -12,12 +12,15 @@ config file or in ``tokens_file``), never from a flag (visible in ``ps``) or the
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from relay.options import (
     ENV_PREFIX,
@@ -311,6 +314,8 @@ def load(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
         p = values[name]
         if p is not None and not Path(p).is_file():
             raise ConfigError(f"{name} ({sources[name]}): {p} is not a file")
+    for url in values["upstream"]:
+        _check_upstream(url, values["listen"], sources["upstream"])
     if values["quic_backend"] == "qh3" and sources["congestion_control"] != "default":
         raise ConfigError(
             f"congestion_control ({sources['congestion_control']}) applies to aioquic only: "
@@ -325,6 +330,63 @@ def load(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
             raise ConfigError(f"upstream_token ({sources['upstream_token']}): {e}") from None
     settings.scope_overrides = scope_overrides
     return settings
+
+
+def _check_upstream(url: str, listen: tuple[str, int], source: str) -> None:
+    """An upstream URL must name a relay, and not this one: a relay that is its own
+    upstream would send every request it cannot answer to itself (docs/relay.md, "Cycles").
+    Names other than ``localhost`` are not resolved here (no DNS lookups in a configuration
+    check): the loop probe at start finds those."""
+    try:
+        parts = urlsplit(url)
+        port = 443 if parts.port is None else parts.port
+    except ValueError as e:
+        raise ConfigError(f"upstream ({source}): {url!r}: {e}") from None
+    if parts.scheme not in ("moqt", "https") or not parts.hostname:
+        raise ConfigError(f"upstream ({source}): expected moqt://HOST:PORT/ or "
+                          f"https://HOST:PORT/PATH, got {url!r}")
+    if port == listen[1] and _reaches(parts.hostname, listen[0]):
+        raise ConfigError(f"upstream ({source}): {url} is this relay's own listener "
+                          f"(listen {listen[0]}:{listen[1]}); a relay cannot be its own upstream")
+
+
+def _addresses(host: str) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address] | None:
+    """The addresses of an IP literal or ``localhost``; None for any other name."""
+    if host.lower() == "localhost":
+        return {ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")}
+    try:
+        return {ipaddress.ip_address(host)}
+    except ValueError:
+        return None
+
+
+def _is_local(a: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """One of this host's addresses: binding a socket to it works."""
+    if a.is_loopback or a.is_unspecified:
+        return True
+    try:
+        with socket.socket(socket.AF_INET6 if a.version == 6 else socket.AF_INET,
+                           socket.SOCK_DGRAM) as s:
+            s.bind((str(a), 0))
+    except OSError:
+        return False
+    return True
+
+
+def _reaches(host: str, listen_host: str) -> bool:
+    """Datagrams sent to ``host`` reach a listener bound to ``listen_host`` (same port)."""
+    if host.lower() == listen_host.lower():
+        return True
+    dest, bound = _addresses(host), _addresses(listen_host)
+    if dest is None or bound is None:
+        return False
+    if any(b.is_unspecified for b in bound):  # every address of the host (of its family)
+        v4_only = all(b.version == 4 for b in bound)
+        return any(_is_local(a) for a in dest if a.version == 4 or not v4_only)
+    # sending to 0.0.0.0 or :: reaches the host's loopback address
+    dest = {ipaddress.ip_address("127.0.0.1" if a.version == 4 else "::1")
+            if a.is_unspecified else a for a in dest}
+    return bool(dest & bound)
 
 
 def _scope_table(table: Any, where: str) -> dict[bytes, tuple[int | None, int | None]]:

@@ -155,6 +155,8 @@ class RelayCollector(Collector):
         yield _counter("upstream_unreachable", "Requests refused with TIMEOUT because the "
                        "upstream relay was unreachable or did not answer in time.",
                        c.upstream_unreachable)
+        yield _counter("upstream_loops", "Upstream relay sessions refused because they "
+                       "lead back to this relay (a relay loop).", c.upstream_loops)
 
         yield from self._storage(c)
         yield from self._scopes()

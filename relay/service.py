@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relay.admin import AdminApi
+from relay.core import loops
 from relay.core.auth import Authorizer
 from relay.core.persistence import pending_commits
 from relay.core.relay import Relay, relay_session_config
@@ -41,6 +42,7 @@ class WorkerRole:
     run_dir: Path  # the supervisor's: every worker's ready file, where siblings are found
     secret: str  # the token sibling sessions present (granted everything when tokens are on)
     fd: int | None = None  # the UDP socket the supervisor made for this worker index
+    relay_id: str = ""  # the relay's, in loop probes: one for all its workers
 
 
 @dataclass
@@ -85,7 +87,7 @@ class RunningRelay:
             except TimeoutError:
                 ok = False
             if not ok:
-                problems.append("upstream unreachable")
+                problems.append("upstream relay loop" if up.looped else "upstream unreachable")
         return problems
 
     @property
@@ -188,6 +190,8 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
     except BaseException:
         store.close()
         raise
+    relay.relay_id = config.worker.relay_id if config.worker is not None and \
+        config.worker.relay_id else loops.new_relay_id(server.port)
     running = RunningRelay(relay, server, store, config, certfile, fp,
                            metrics=RelayMetrics(relay, store))
     if config.worker is not None:
@@ -219,6 +223,12 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
             await running.close()
             raise
         running.metrics_server = ms
+    if upstream is not None:
+        try:  # an upstream leading back here is a start error (docs/relay.md, "Cycles")
+            await loops.refuse_at_start(upstream)
+        except BaseException:
+            await running.close()
+            raise
     if authorizer.open:
         log.warning("no authorization tokens configured: the relay is open (development)")
     if relay.announcer is not None:

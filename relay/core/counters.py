@@ -86,6 +86,7 @@ class Counters:
     upstream_announcements_retried: int = 0
     upstream_pushes: int = 0
     upstream_pushes_failed: int = 0
+    upstream_loops: int = 0  # upstream sessions refused: their loop probe came back
     # LMDB
     lmdb_committed_tracks: int = 0
     lmdb_committed_bytes: int = 0

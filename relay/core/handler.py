@@ -50,7 +50,7 @@ from relay.session.errors import SessionFailure
 from relay.session.requests import IncomingRequest, IncomingTrackRequest
 from storage.interface import OBJECT_MAX
 
-from . import cache
+from . import cache, loops
 from .announce import AnnouncedAuthority
 from .auth import Authorizer, Role, token_values
 from .forwarder import Forwarder
@@ -145,8 +145,9 @@ class RelayHandler(SessionHandler):
         self.session = session
 
     def answered(self, req: Any, code: int | None) -> None:
-        if self.sibling:
-            return  # the relay's own traffic between its workers is not a client request
+        if self.sibling or (isinstance(req, IncomingTrackStatus) and
+                            loops.is_probe(req.namespace)):
+            return  # the relay's own traffic (between its workers, loop probes): no request
         self.relay.counters.answered(req.TYPE.name, code)
 
     def scheduler(self, session: MoqtSession) -> SessionScheduler:
@@ -619,6 +620,9 @@ class RelayHandler(SessionHandler):
     # -- TRACK_STATUS -----------------------------------------------------------------------------
 
     async def track_status(self, req: IncomingTrackStatus) -> None:
+        if loops.is_probe(req.namespace):
+            await loops.answer(self.relay, req, _moqt_session(req), self.reach)
+            return
         if not self._allowed(req, Role.SUBSCRIBE, req.full_name.namespace):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
             return

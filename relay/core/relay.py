@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from relay.session import (
 from relay.session.errors import SessionFailure
 from storage.tiered import TieredStore
 
+from . import loops
 from .announce import UpwardAnnouncer
 from .auth import Authorizer
 from .counters import Counters
@@ -76,9 +78,14 @@ class Relay:
         self._connections = 0  # connections admitted, SETUP pending or done
         self.announcer: UpwardAnnouncer | None = None
         self.push: UpstreamPush | None = None
+        # who this relay is in loop probes (docs/relay.md, "Cycles"); start_relay names it
+        # after its port once it listens, a supervisor's workers share their relay's
+        self.relay_id = loops.new_relay_id(0)
         if upstream is not None:
             # requests the upstream relay routes down to us are answered from our own sources
             upstream.handler_factory = lambda: RelayHandler(self, reach=Reach.OWN)
+            # and no session is used before a probe showed it does not lead back here
+            upstream.verify = functools.partial(loops.verify, self, upstream)
             self.announcer = UpwardAnnouncer(self, upstream, announce_fields, upstream_token)
             if self.options.upstream_push:
                 self.push = UpstreamPush(self)

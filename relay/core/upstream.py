@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from relay.session import (
     LinkError,
@@ -58,6 +58,14 @@ class UpstreamLink:
         self.lost = 0  # sessions that ended other than by our own close
         self._closing = False
         self._watch: asyncio.Future[None] | None = None
+        # checks each new session before it carries a request (the Relay sets it:
+        # relay/core/loops.py): why it must be refused, None if it may be used
+        self.verify: Callable[[MoqtSession], Awaitable[str | None]] | None = None
+        self._verifying: MoqtSession | None = None
+        self._opened: asyncio.Future[None] | None = None  # the next session to verify is open
+        # (URL, why) while the last dial found no usable URL and one led back to this
+        # relay: the link is then no upstream at all, not an unreachable one
+        self.looped: tuple[str, str] | None = None
 
     @property
     def configured(self) -> bool:
@@ -74,8 +82,34 @@ class UpstreamLink:
     def unreachable(self) -> bool:
         """Configured and no usable session: the last dial failed, or the session died
         (and no dial has replaced it yet)."""
-        return self.configured and self.session is None and \
+        return self.configured and self.session is None and self.looped is None and \
             (self._backoff > 0 or self._session is not None)
+
+    def _probe_session(self) -> MoqtSession | None:
+        s = self._verifying
+        return s if s is not None and not s.closed else self.session
+
+    async def for_probe(self) -> MoqtSession | None:
+        """Where a lower relay's loop probe goes on (relay/core/loops.py): the session in
+        use, or one still being verified, else the next one open (dialled at once, whatever
+        the backoff: a lower relay's dial is a demand like a request). Never waits for a
+        verification, which may itself wait for this probe's answer. None while the last
+        dial found only a loop: this relay has no upstream then, so a lower relay's path up
+        ends here (dialling the loop again would refuse the lower relay as well)."""
+        s = self._probe_session()
+        if s is not None or not self.urls or self.looped is not None:
+            return s
+        if self._dialing is None or self._dialing.done():
+            self._dialing = asyncio.ensure_future(self._dial())
+        dialing = self._dialing
+        while not dialing.done():
+            if self._opened is None:
+                self._opened = asyncio.get_running_loop().create_future()
+            await asyncio.wait({dialing, self._opened}, return_when=asyncio.FIRST_COMPLETED)
+            s = self._probe_session()
+            if s is not None:
+                return s
+        return self._probe_session()
 
     async def get(self, *, wait: bool = False) -> MoqtSession | None:
         """The live upstream session, dialling the URLs in order if needed (None: none up).
@@ -104,6 +138,7 @@ class UpstreamLink:
 
     async def _dial(self) -> MoqtSession | None:
         loop = asyncio.get_running_loop()
+        looped = None
         for url in self.urls:
             handler = self.handler_factory() if self.handler_factory else self.handler
             try:
@@ -113,19 +148,47 @@ class UpstreamLink:
             except (LinkError, SessionFailure, OSError, TimeoutError) as e:
                 log.warning("upstream relay %s unreachable: %s", url, e or type(e).__name__)
                 continue
-            log.info("connected to upstream relay %s", url)
             attach = getattr(handler, "attach", None)
             if attach is not None:
                 attach(session)
+            refused = await self._verified(session)
+            if refused is not None:
+                looped = (url, refused)
+                log.error("upstream relay %s refused: %s (it leads back to this relay)", url,
+                          refused)
+                continue
+            if session.closed:
+                log.warning("upstream relay %s unreachable: closed at once", url)
+                continue
+            log.info("connected to upstream relay %s", url)
             self._session = session
             self._backoff = 0.0
+            self.looped = None
             self.connects += 1
             self._watch = asyncio.ensure_future(self._watch_session(session, url))
             return session
+        self.looped = looped
         self.failed_dials += 1
         self._backoff = min(BACKOFF_MAX, self._backoff * 2 or BACKOFF_FIRST)
         self._retry_at = loop.time() + self._backoff
         return None
+
+    async def _verified(self, session: MoqtSession) -> str | None:
+        """Why ``session`` must not be used (``verify`` closed it), None if it may."""
+        if self.verify is None:
+            return None
+        self._verifying = session
+        if self._opened is not None:
+            self._opened.set_result(None)
+            self._opened = None
+        try:
+            refused = await self.verify(session)
+        except BaseException:
+            session.close(0, "")
+            raise
+        finally:
+            self._verifying = None
+        return refused
 
     async def _watch_session(self, session: MoqtSession, url: str) -> None:
         code, reason = await session.wait_closed()

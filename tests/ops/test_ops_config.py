@@ -39,8 +39,9 @@ def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
     assert s.upstream == ["moqt://127.0.0.1:7/"]
     assert s.drain_timeout == 10.0 and s.sources["drain_timeout"] == "default"
     # env lists are comma-separated; env may name the file
-    s = load({}, {"KVCS_RELAY_CONFIG": str(f), "KVCS_RELAY_UPSTREAM": "a, b"})
-    assert s.upstream == ["a", "b"] and s.memory_bytes == 100
+    s = load({}, {"KVCS_RELAY_CONFIG": str(f),
+                  "KVCS_RELAY_UPSTREAM": "moqt://a:1/, https://b:2/moq"})
+    assert s.upstream == ["moqt://a:1/", "https://b:2/moq"] and s.memory_bytes == 100
     cfg = load({"metrics_listen": "off", "fill_timeout": "2.5"}, {}).relay_config()
     assert cfg.metrics_listen is None and cfg.options.default_fill_timeout == 2.5
 
@@ -94,6 +95,52 @@ def test_invalid_configuration_is_one_line_and_exit_2(tmp_path: Path) -> None:
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
         assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(("listen", "upstream", "own"), [
+    ("127.0.0.1:4433", "moqt://127.0.0.1:4433/", True),
+    ("127.0.0.1:4433", "moqt://LocalHost:4433/", True),
+    ("127.0.0.1:4433", "https://127.0.0.1:4433/moq", True),  # one port serves both
+    ("127.0.0.1:4433", "moqt://0.0.0.0:4433/", True),
+    ("[::1]:4433", "moqt://[::1]:4433/", True),
+    ("0.0.0.0:4433", "moqt://127.0.0.1:4433/", True),
+    ("0.0.0.0:4433", "moqt://127.0.0.9:4433/", True),  # the whole 127/8 is this host's
+    ("[::]:443", "https://localhost/moq", True),  # https's default port
+    ("127.0.0.1:4433", "moqt://127.0.0.1:4434/", False),
+    ("127.0.0.1:4433", "moqt://127.0.0.2:4433/", False),  # not where the listener is bound
+    ("0.0.0.0:4433", "moqt://[::1]:4433/", False),  # an IPv4 listener
+    ("127.0.0.1:4433", "moqt://relay.example:4433/", False),  # names are not resolved
+    ("127.0.0.1:0", "moqt://127.0.0.1:443/", False),
+])
+def test_an_upstream_that_is_the_own_listener_is_refused(listen: str, upstream: str,
+                                                           own: bool) -> None:
+    flags = {"listen": listen, "upstream": [upstream]}
+    if not own:
+        assert load(flags, {}).upstream == [upstream]
+        return
+    with pytest.raises(ConfigError) as e:
+        load(flags, {})
+    assert str(e.value).startswith("upstream (flag --upstream): ")
+    assert "own listener" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("upstream", ["moqt://:4433/", "tcp://relay:4433/",
+                                      "moqt://relay:99999/"])
+def test_an_upstream_that_names_no_relay_is_refused(upstream: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load({"upstream": [upstream]}, {})
+    assert str(e.value).startswith("upstream (flag --upstream): ")
+
+
+def test_kvcs_relay_refuses_to_be_its_own_upstream(tmp_path: Path) -> None:
+    for extra in ([], ["--print-config"]):
+        p = _run(["relay", "--listen", "127.0.0.1:4999", "--upstream",
+                  "moqt://localhost:4999/", *extra], {}, tmp_path)
+        assert p.returncode == 2, p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: upstream"), p.stderr
+        assert "own listener" in lines[0] and p.stdout == ""
+        assert not (tmp_path / "data").exists()  # nothing started
 
 
 def test_tokens_file_adds_tokens(tmp_path: Path) -> None:

@@ -113,11 +113,8 @@ class UpstreamLink:
 
     async def get(self, *, wait: bool = False) -> MoqtSession | None:
         """The live upstream session, dialling the URLs in order if needed (None: none up).
-        While the upstream is known to be unreachable (within the backoff after a failed
-        dial, or its session lost and not yet replaced), None at once: a request is then
-        answered from what the relay knows, not after a dial that may take the whole dial
-        timeout; the dial goes on meanwhile. ``wait``: sleep the backoff out and wait for
-        the dial. Concurrent callers share one dial, and a caller giving up (its own
+        Within the backoff after a failed dial, None at once (``wait``: sleep it out and
+        dial again). Concurrent callers share one dial, and a caller giving up (its own
         timeout) does not cut the dial short for the others."""
         if not self.urls:
             return None
@@ -132,8 +129,6 @@ class UpstreamLink:
                 return self._session
         if self._dialing is None or self._dialing.done():
             self._dialing = asyncio.ensure_future(self._dial())
-        if self.unreachable and not wait:
-            return None
         return await asyncio.shield(self._dialing)
 
     async def _dial(self) -> MoqtSession | None:

@@ -176,6 +176,7 @@ class Settings:
     config_file: Path | None = None
     admin_token: str | None = None  # read from admin_token_file; a secret, never rendered
     upstream_token: bytes | None = None  # read from upstream_token; a secret, never rendered
+    peer_token: bytes | None = None  # read from peer_token; a secret, never rendered
     # [scopes."<hex Scope ID>"]: (memory_bytes, lmdb_bytes), None where not given
     scope_overrides: dict[bytes, tuple[int | None, int | None]] = field(default_factory=dict)
 
@@ -200,6 +201,7 @@ class Settings:
         cfg.auth_tokens = [dict(t) for t in self.auth_tokens]
         cfg.admin_token = self.admin_token
         cfg.upstream_token = self.upstream_token
+        cfg.peer_token = self.peer_token
         cfg.scope_quotas = self.scope_quotas()
         return cfg
 
@@ -310,7 +312,7 @@ def load(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
     admin_token = _admin_token(values["admin_token_file"], sources["admin_token_file"])
     if (values["cert"] is None) != (values["key"] is None):
         raise ConfigError("cert and key go together (give both or neither)")
-    for name in ("cert", "key", "upstream_ca"):
+    for name in ("cert", "key", "upstream_ca", "peer_ca"):
         p = values[name]
         if p is not None and not Path(p).is_file():
             raise ConfigError(f"{name} ({sources[name]}): {p} is not a file")
@@ -328,6 +330,13 @@ def load(flags: Mapping[str, Any], env: Mapping[str, str] | None = None,
             settings.upstream_token = read_token_file(values["upstream_token"])
         except ValueError as e:
             raise ConfigError(f"upstream_token ({sources['upstream_token']}): {e}") from None
+    if values["peer_token"] is not None:
+        try:
+            settings.peer_token = read_token_file(values["peer_token"])
+        except ValueError as e:
+            raise ConfigError(f"peer_token ({sources['peer_token']}): {e}") from None
+    if values["peer"]:
+        _check_peers(values, sources, tokens, settings.peer_token)
     settings.scope_overrides = scope_overrides
     return settings
 
@@ -387,6 +396,19 @@ def _reaches(host: str, listen_host: str) -> bool:
     dest = {ipaddress.ip_address("127.0.0.1" if a.version == 4 else "::1")
             if a.is_unspecified else a for a in dest}
     return bool(dest & bound)
+
+
+def _check_peers(values: dict[str, Any], sources: dict[str, str],
+                 tokens: list[dict[str, Any]], peer_token: bytes | None) -> None:
+    """Peers (docs/relay.md, "A root of several replicas") with what they need."""
+    where = sources["peer"]
+    if values["workers"] > 1:
+        raise ConfigError(f"peer ({where}): a peer's link lands on one worker of a relay with "
+                          "workers > 1 and would see that worker's namespaces only: scale a "
+                          "tier of peers with replicas, not workers")
+    if tokens and peer_token is None:
+        raise ConfigError(f"peer ({where}): with [[auth.tokens]] configured, the peers need "
+                          "the token their tier shares (peer_token)")
 
 
 def _scope_table(table: Any, where: str) -> dict[bytes, tuple[int | None, int | None]]:

@@ -105,6 +105,12 @@ class RelayConfig:
         kind="str_list", factory=list,
         help="Upstream relay URL (moqt://HOST:PORT/ or https://…); repeatable, tried in order. "
              "Env: comma-separated.")
+    upstream_spread: bool = setting(
+        False, kind="bool", see='[relay.md, "A root of several replicas"]'
+                                '(relay.md#root-replicas)',
+        help="Start at the upstream URL this relay's host name picks (a StatefulSet ordinal, "
+             "else a hash) instead of the first, so a tier's replicas spread over the root "
+             "tier's replicas.")
     upstream_ca: Path | None = setting(
         None, kind="opt_path", help="CA file for the upstream relay's certificate.")
     upstream_insecure: bool = setting(
@@ -118,8 +124,22 @@ class RelayConfig:
     # this long.
     upstream_idle_timeout: float = setting(
         3.0, kind="positive_float", unit="seconds",
-        help="Seconds without a packet from the upstream relay (PINGed every third of it) "
-             "before its session counts as dead; also bounds each dial.")
+        help="Seconds without a packet from the upstream relay or a peer (PINGed every third "
+             "of it) before its session counts as dead; also bounds each dial.")
+    peer: list[str] = setting(
+        kind="str_list", factory=list, see='[relay.md, "A root of several replicas"]'
+                                           '(relay.md#root-replicas)',
+        help="A peer relay of this tier (moqt://HOST:PORT/ or https://…), linked as a sibling: "
+             "each routes to what the other's clients announced. Repeatable; this relay's own "
+             "URL is recognised and skipped. Env: comma-separated.")
+    peer_ca: Path | None = setting(
+        None, kind="opt_path", help="CA file for the peer relays' certificates.")
+    peer_insecure: bool = setting(
+        False, kind="bool",
+        help="Do not verify the peer relays' certificates (loopback development only).")
+    # Presented to the peers in SETUP and granted everything here when tokens are on (the
+    # tier shares it); None: no token. Read from the file LaunchOptions.peer_token names.
+    peer_token: bytes | None = None
     upstream_announce_fields: int = setting(
         1, kind="int", see='[relay.md, "Trees"](relay.md#trees)',
         help="Announcing upward: one PUBLISH_NAMESPACE per distinct first N fields of the "
@@ -207,6 +227,10 @@ class LaunchOptions:
         None, kind="opt_path",
         help="File holding the token the relay presents to its upstream relay "
              "(AUTHORIZATION_TOKEN in SETUP); unset: none.")
+    peer_token: Path | None = setting(
+        None, kind="opt_path",
+        help="File holding the token the peer relays of this tier share (presented to them, "
+             "granted everything here); needed with --peer when tokens are configured.")
     scope_memory_bytes: int = setting(
         0, kind="int", unit="bytes",
         help='Memory-tier quota of each scope (KVCS Scope ID) without one of its own in '

@@ -23,10 +23,11 @@ from relay.core.auth import Authorizer
 from relay.core.persistence import pending_commits
 from relay.core.relay import Relay, relay_session_config
 from relay.core.routing import RELAY_IMPLEMENTATION
-from relay.core.siblings import SiblingLinks
-from relay.core.upstream import UpstreamLink
+from relay.core.siblings import SIBLING_IMPLEMENTATION, SiblingLinks
+from relay.core.upstream import UpstreamLink, spread
 from relay.metrics import MetricsServer, RelayMetrics
 from relay.options import RelayConfig
+from relay.session import SessionConfig
 from relay.session.tokens import tokens_of
 from relay.transport import QuicSettings, Server, ensure_self_signed, fingerprint, serve
 from storage.lmdb_store import LmdbStore
@@ -56,7 +57,8 @@ class RunningRelay:
     metrics: RelayMetrics | None = None
     metrics_server: MetricsServer | None = None
     sibling_server: Server | None = None
-    siblings: SiblingLinks | None = None
+    siblings: SiblingLinks | None = None  # to the other workers of this relay
+    peers: SiblingLinks | None = None  # to the peer relays of this tier (--peer)
     closed: bool = False
 
     @property
@@ -104,8 +106,9 @@ class RunningRelay:
         self.closed = True
         if self.metrics_server is not None:
             await self.metrics_server.close()
-        if self.siblings is not None:
-            await self.siblings.close()
+        for links in (self.siblings, self.peers):
+            if links is not None:
+                await links.close()
         await self.relay.close()
         if self.sibling_server is not None:
             await self.sibling_server.close()
@@ -162,11 +165,19 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
                             send_buffer_high=config.send_buffer_bytes // 2,
                             connection_send_buffer_high=config.send_buffer_bytes)
     tokens = list(config.auth_tokens)
-    if config.worker is not None and tokens:
-        # sibling workers may ask each other for anything; nobody else holds this token
-        tokens.append({"token": config.worker.secret, "prefixes": [""],
-                       "roles": ["publish", "subscribe"]})
+    # siblings may ask each other for anything: workers with the supervisor's secret (nobody
+    # else holds it), peer relays with the token their tier shares
+    shared = [config.worker.secret.encode()] if config.worker is not None else []
+    if config.peer and config.peer_token is not None:
+        shared.append(config.peer_token)
+    if tokens:
+        tokens += [{"token": t.decode(), "prefixes": [""], "roles": ["publish", "subscribe"]}
+                   for t in shared]
     authorizer = Authorizer.from_config(tokens)
+    # links to the upstream and to siblings: a dead one is noticed within this idle timeout
+    # (PINGs every third of it keep a quiet link up)
+    link_settings = dataclasses.replace(settings, idle_timeout=config.upstream_idle_timeout,
+                                        keepalive_interval=config.upstream_idle_timeout / 3)
     upstream = None
     if config.upstream:
         upstream = UpstreamLink(
@@ -174,10 +185,10 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
             config=dataclasses.replace(relay_session_config(config.options),
                                        authorization_tokens=tokens_of(config.upstream_token),
                                        implementation=RELAY_IMPLEMENTATION),
-            settings=dataclasses.replace(settings, idle_timeout=config.upstream_idle_timeout,
-                                         keepalive_interval=config.upstream_idle_timeout / 3),
-            ca_file=config.upstream_ca, insecure=config.upstream_insecure,
-            dial_timeout=config.upstream_idle_timeout)
+            settings=link_settings, ca_file=config.upstream_ca,
+            insecure=config.upstream_insecure, dial_timeout=config.upstream_idle_timeout,
+            first=spread(socket.gethostname(), len(config.upstream))
+            if config.upstream_spread else 0)
     relay = Relay(store, options=config.options, authorizer=authorizer, upstream=upstream,
                   clock=config.clock, announce_fields=config.upstream_announce_fields,
                   upstream_token=config.upstream_token)
@@ -194,6 +205,12 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
         config.worker.relay_id else loops.new_relay_id(server.port)
     running = RunningRelay(relay, server, store, config, certfile, fp,
                            metrics=RelayMetrics(relay, store))
+    if config.peer:
+        running.peers = SiblingLinks(
+            relay, config=_sibling_config(config, relay, config.peer_token),
+            settings=link_settings, connect_timeout=config.upstream_idle_timeout,
+            ca_file=config.peer_ca, insecure=config.peer_insecure)
+        running.peers.keep_peers(config.peer)
     if config.worker is not None:
         # the sibling listener has its own self-signed certificate (made by the supervisor
         # before the workers start), which the links pin, whatever --cert serves outside
@@ -206,13 +223,12 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
             await running.close()
             raise
         # a dead sibling is noticed as fast as a dead upstream (its Tracks then route
-        # elsewhere, or are refused as unreachable, not waited for)
+        # elsewhere, or are refused as unreachable, not waited for); its listener is on
+        # loopback and answers at once
         running.siblings = SiblingLinks(
-            relay, config.worker.run_dir, config.worker.index, ca_file=sib.certfile,
-            secret=config.worker.secret,
-            settings=dataclasses.replace(settings, idle_timeout=config.upstream_idle_timeout,
-                                         keepalive_interval=config.upstream_idle_timeout / 3))
-        running.siblings.start()
+            relay, config=_sibling_config(config, relay, config.worker.secret.encode()),
+            settings=link_settings, connect_timeout=2.0, ca_file=sib.certfile)
+        running.siblings.watch_workers(config.worker.run_dir, config.worker.index)
     if config.metrics_listen is not None:
         assert running.metrics is not None
         admin = AdminApi(relay, config.admin_token) if config.admin_token else None
@@ -234,6 +250,13 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
     if relay.announcer is not None:
         relay.announcer.start()  # what LMDB holds is announced upward from the start
     return running
+
+
+def _sibling_config(config: RelayConfig, relay: Relay, token: bytes | None) -> SessionConfig:
+    """What a sibling link says in SETUP: that it is one, and whose (relay/core/siblings.py)."""
+    return dataclasses.replace(relay_session_config(config.options),
+                               authorization_tokens=tokens_of(token),
+                               implementation=f"{SIBLING_IMPLEMENTATION} {relay.instance}")
 
 
 def _write_ready_file(path: Path, running: RunningRelay) -> None:

@@ -15,8 +15,9 @@
 - ``namespaces.py``: who publishes which namespace, who listens, what each may be shown.
 - ``persistence.py``: complete Tracks into LMDB, expiry, the namespaces LMDB holds.
 - ``announce.py``, ``push.py``, ``upstream.py``, ``siblings.py``: the links of a tree
-  (announcing up, pushing up, the upstream link, the workers of one relay); ``loops.py``:
-  an upstream that leads back to the relay is refused (the loop probe).
+  (announcing up, pushing up, the upstream link, the sibling links: the workers of one
+  relay and the peer relays of one tier); ``loops.py``: an upstream that leads back to the
+  relay is refused (the loop probe).
 - ``auth.py``: tokens and roles; ``purge.py``: the admin purge; ``cache.py``: received
   Objects into the store's records; ``counters.py``: what is counted (exported by
   relay/metrics.py).

@@ -17,6 +17,7 @@ from relay.moqt.codes import (
     PropertyType,
     PublishDoneCode,
     RequestErrorCode,
+    SessionErrorCode,
 )
 from relay.moqt.errors import RequestError
 from relay.moqt.location_filter import (
@@ -46,6 +47,7 @@ from relay.session import (
     ServedSubscription,
     SessionHandler,
 )
+from relay.session.base import SessionBase
 from relay.session.errors import SessionFailure
 from relay.session.requests import IncomingRequest, IncomingTrackRequest
 from storage.interface import OBJECT_MAX
@@ -56,6 +58,7 @@ from .auth import Authorizer, Role, token_values
 from .forwarder import Forwarder
 from .namespaces import CACHE, NamespaceListener, PublisherEntry, Reach, not_from, own_source
 from .scheduler import DEFAULT_SUBSCRIBER_PRIORITY, ScheduledWriter, SessionScheduler
+from .siblings import SELF_LINK, sibling_instance
 from .track import RelayTrack
 from .upstream import UNREACHABLE
 from .upstream_namespaces import UPSTREAM_ANSWER_WAIT
@@ -144,10 +147,21 @@ class RelayHandler(SessionHandler):
     def attach(self, session: MoqtSession) -> None:
         self.session = session
 
+    def setup_received(self, session: SessionBase) -> None:
+        """A peer relay's link (SETUP says so, relay/core/siblings.py) is a sibling's: its
+        requests are served from this relay's own sources only, from the first one on. One
+        from this relay itself (its own URL among its peers) is closed."""
+        instance = sibling_instance(cast(MoqtSession, session).peer_setup)
+        if instance is None or self.reach is not Reach.ALL:
+            return
+        self.reach = Reach.NO_SIBLINGS
+        if instance == self.relay.instance:
+            session.close(SessionErrorCode.NO_ERROR, SELF_LINK)
+
     def answered(self, req: Any, code: int | None) -> None:
         if self.sibling or (isinstance(req, IncomingTrackStatus) and
                             loops.is_probe(req.namespace)):
-            return  # the relay's own traffic (between its workers, loop probes): no request
+            return  # the relay's own traffic (with its siblings, loop probes): no request
         self.relay.counters.answered(req.TYPE.name, code)
 
     def scheduler(self, session: MoqtSession) -> SessionScheduler:

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import secrets
 import time
 from collections.abc import Callable
 
@@ -71,7 +72,9 @@ class Relay:
         self.sessions: set[MoqtSession] = set()
         self.counters = Counters()
         self.upstream = upstream
-        self.siblings: set[MoqtSession] = set()  # sessions to sibling workers
+        self.siblings: set[MoqtSession] = set()  # sessions to sibling workers and peers
+        # tells this relay's own sibling links apart from its peers' (relay/core/siblings.py)
+        self.instance = secrets.token_hex(8)
         self._created = 0
         self.sweep_every = 1024  # new Tracks between two sweeps of the registry
         self.draining = False
@@ -125,13 +128,15 @@ class Relay:
             log.info("session setup failed: %s", e)
             return
         handler.attach(session)
-        # a sibling worker's session is the relay talking to itself: not a client session
-        # in the metrics, and not sent GOAWAY (the sibling drains on its own)
+        # a sibling's session (a worker's, or a peer relay's: its SETUP said so) is the relay
+        # talking to itself: not a client session in the metrics, and not sent GOAWAY (the
+        # sibling drains on its own)
+        sibling = handler.sibling
         if not sibling:
             self.sessions.add(session)
             self.counters.session_accepted(conn.transport)
         log.info("session open: %s %s%s", conn.transport, conn.remote_address,
-                 " (sibling worker)" if sibling else "")
+                 " (sibling)" if sibling else "")
         try:
             code, reason = await session.wait_closed()
             # the peer chooses its close code: unknown codes share one bucket (bounded keys)

@@ -1,15 +1,21 @@
-"""Links between the workers of one relay (``kvcs relay --workers N``, docs/workers.md).
+"""Sibling links: the workers of one relay (``kvcs relay --workers N``, docs/workers.md), and
+the peer relays of one tier (``--peer URL``, docs/relay.md, "A root of several replicas").
 
-Each worker serves a second, loopback-only listener for its siblings and keeps one client
-session to every sibling's, with a SUBSCRIBE_NAMESPACE on the empty prefix: the relay-tree
-machinery, pointed sideways. A sibling answers that subscription with its *own* namespaces
-only (its publishers' and its cache's), and serves requests arriving on that listener from its
-own sources only (``RelayHandler(sibling=True)``), so a Track crosses from the worker that has
-it to a worker that wants it once, over one hop, and never loops.
+A relay keeps one client session to every sibling, with a SUBSCRIBE_NAMESPACE on the empty
+prefix: the relay-tree machinery, pointed sideways. A sibling answers that subscription with
+its *own* namespaces only (its publishers', its lower relays', its cache's), and serves
+requests arriving on a sibling's session from its own sources only (``Reach.NO_SIBLINGS``),
+so a Track crosses from the sibling that has it to one that wants it once, over one hop, and
+never loops.
 
 Workers find each other through the ready files in the run directory the supervisor made
-(``worker-<i>.json``: index, pid, sibling port); a link that fails is dialled again on the
-next scan, so a restarted worker is picked up.
+(``worker-<i>.json``: index, pid, sibling port) and are served on a loopback listener of their
+own; a link that fails is dialled again on the next scan, so a restarted worker is picked up.
+Peers are fixed URLs, served on the relay's own listener: a session says it is a sibling's in
+SETUP (MOQT_IMPLEMENTATION ``kvcs-relay/0.1 sibling <instance>``), and a link that fails is
+dialled again with a backoff. The instance is random per relay process: a relay whose own
+URL is in its peer list (a chart renders one list for every replica) recognises the session
+as its own, closes it with ``SELF_LINK``, and the dialling side never dials that URL again.
 """
 
 from __future__ import annotations
@@ -19,19 +25,40 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from relay.moqt.token import Token
-from relay.session import LinkError, QuicSettings, SessionConfig, open_session
-from relay.session.errors import SessionFailure
+from relay.moqt.messages import Setup
+from relay.session import (
+    LinkError,
+    MoqtSession,
+    QuicSettings,
+    RequestRejected,
+    SessionConfig,
+    open_session,
+)
+from relay.session.errors import SessionClosed, SessionFailure
 
-from .relay import Relay
+if TYPE_CHECKING:
+    from .relay import Relay
 
 log = logging.getLogger("kvcs.relay")
 
 SCAN_INTERVAL = 0.25  # seconds between two looks at the run directory
-LINK_CONNECT_TIMEOUT = 2.0  # a sibling's listener is on loopback: it answers at once
+BACKOFF_FIRST = 0.25  # seconds before a failed peer link is dialled again, doubling...
+BACKOFF_MAX = 5.0  # ...up to this
+# MOQT_IMPLEMENTATION of a sibling's session, followed by the dialling relay's instance
+SIBLING_IMPLEMENTATION = "kvcs-relay/0.1 sibling"
+SELF_LINK = "a sibling link to itself"  # the close reason of a relay's session to itself
+
+
+def sibling_instance(setup: Setup | None) -> str | None:
+    """The instance of the relay that dialled a session as its sibling, or None (not a
+    sibling's session)."""
+    impl = (setup.moqt_implementation or "") if setup is not None else ""
+    head, _, instance = impl.partition(" sibling ")
+    return instance if instance and f"{head} sibling" == SIBLING_IMPLEMENTATION else None
 
 
 def read_worker_files(run_dir: Path) -> dict[int, dict[str, Any]]:
@@ -46,55 +73,115 @@ def read_worker_files(run_dir: Path) -> dict[int, dict[str, Any]]:
 
 
 class SiblingLinks:
-    """One worker's sessions to its siblings' loopback listeners."""
+    """One relay's sessions to its siblings: workers found in a run directory
+    (:meth:`watch_workers`), peer relays at fixed URLs (:meth:`keep_peers`), or both."""
 
-    def __init__(self, relay: Relay, run_dir: Path, index: int, *, ca_file: str | Path,
-                 secret: str | None, settings: QuicSettings) -> None:
+    def __init__(self, relay: Relay, *, config: SessionConfig, settings: QuicSettings,
+                 connect_timeout: float, ca_file: str | os.PathLike[str] | None = None,
+                 insecure: bool = False) -> None:
         self.relay = relay
-        self.run_dir = run_dir
-        self.index = index
-        self.ca_file = ca_file
+        # SETUP says whose sibling session it is (see the module docstring)
+        self.config = config
         self.settings = settings
-        tokens = (Token.use_value(secret.encode()),) if secret else ()
-        self.config = SessionConfig(authorization_tokens=tokens)
-        self._links: dict[int, asyncio.Task[None]] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._scan())
+        self.connect_timeout = connect_timeout
+        self.ca_file = ca_file
+        self.insecure = insecure
+        self._links: dict[Any, asyncio.Task[None]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.linked: set[str] = set()  # URLs a link is up to now
+        self.itself: set[str] = set()  # peer URLs found to be this relay: never dialled again
 
     async def close(self) -> None:
-        tasks = [t for t in (self._task, *self._links.values()) if t is not None]
+        tasks = [*self._tasks, *self._links.values()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _scan(self) -> None:
+    # -- workers -----------------------------------------------------------------------------
+
+    def watch_workers(self, run_dir: Path, index: int) -> None:
+        """Link to every other worker whose ready file is in ``run_dir``."""
+        self._tasks.append(asyncio.get_running_loop().create_task(self._scan(run_dir, index)))
+
+    async def _scan(self, run_dir: Path, index: int) -> None:
         while True:
-            for idx, info in read_worker_files(self.run_dir).items():
-                if idx == self.index or idx in self._links or "sibling_port" not in info:
+            for idx, info in read_worker_files(run_dir).items():
+                if idx == index or idx in self._links or "sibling_port" not in info:
                     continue
                 url = f"moqt://127.0.0.1:{info['sibling_port']}/"
-                task = asyncio.get_running_loop().create_task(self._link(idx, url))
+                task = asyncio.get_running_loop().create_task(self._worker(idx, url))
                 self._links[idx] = task
                 task.add_done_callback(lambda _t, i=idx: self._links.pop(i, None))
             await asyncio.sleep(SCAN_INTERVAL)
 
-    async def _link(self, idx: int, url: str) -> None:
+    async def _worker(self, idx: int, url: str) -> None:
+        if not await self._link(f"sibling worker {idx}", url):
+            await asyncio.sleep(SCAN_INTERVAL)  # before the next scan dials it again
+
+    # -- peers -------------------------------------------------------------------------------
+
+    def keep_peers(self, urls: Sequence[str]) -> None:
+        """Keep a link to each peer relay at ``urls`` (each dialled again after it fails,
+        with a backoff; none of them delays anything else)."""
+        loop = asyncio.get_running_loop()
+        for url in dict.fromkeys(urls):
+            self._tasks.append(loop.create_task(self._peer(url)))
+
+    async def _peer(self, url: str) -> None:
+        backoff = 0.0
+        while url not in self.itself:
+            if await self._link(f"peer relay {url}", url):
+                backoff = 0.0  # it was up: dial again at once, it may be restarting
+            else:
+                if not backoff and url not in self.itself:  # once per outage
+                    log.warning("peer relay %s unreachable: dialling it again, up to %.0f s "
+                                "apart", url, BACKOFF_MAX)
+                backoff = min(BACKOFF_MAX, backoff * 2 or BACKOFF_FIRST)
+            if url not in self.itself:
+                await asyncio.sleep(backoff)
+
+    # -- one link ----------------------------------------------------------------------------
+
+    async def _link(self, what: str, url: str) -> bool:
+        """Dial ``url``, follow its namespaces until the session ends. False if it could
+        not be established (a link to this relay itself is noted in ``itself``)."""
         session = None
         try:
             session = await asyncio.wait_for(open_session(
-                url, config=self.config, settings=self.settings,
-                ca_file=os.fspath(self.ca_file)), LINK_CONNECT_TIMEOUT)
+                url, config=self.config, settings=self.settings, ca_file=self.ca_file,
+                insecure=self.insecure), self.connect_timeout)
             nsub = await asyncio.wait_for(session.subscribe_namespace(()),
-                                          LINK_CONNECT_TIMEOUT)
-            self.relay.routing.add_sibling(session, nsub)
-            log.info("linked to sibling worker %d (%s)", idx, url)
-            await session.wait_closed()
-            log.info("link to sibling worker %d closed", idx)
+                                          self.connect_timeout)
         except (TimeoutError, SessionFailure, LinkError, OSError) as e:
-            log.debug("no link to sibling worker %d yet: %s", idx, e)
-            await asyncio.sleep(SCAN_INTERVAL)  # before the next scan dials it again
-        finally:
+            if await self._closed_by_itself(session, e):
+                self.itself.add(url)
+                log.info("%s is this relay: not linked", what)
+            else:
+                log.debug("no link to %s yet: %s", what, e or type(e).__name__)
             if session is not None and not session.closed:
                 await session.aclose()
+            return False
+        try:
+            self.relay.routing.add_sibling(session, nsub)
+            self.linked.add(url)
+            log.info("linked to %s", what)
+            code, reason = await session.wait_closed()
+            log.info("link to %s closed: code 0x%x %s", what, code, reason)
+        finally:
+            self.linked.discard(url)
+            if not session.closed:
+                await session.aclose()
+        return True
+
+    async def _closed_by_itself(self, session: MoqtSession | None, e: BaseException) -> bool:
+        """The dial failed because the relay it reached is this one (``SELF_LINK``). The
+        request that failed may have noticed the close before the session did: a session
+        that is going away is waited for (bounded), so its close reason is known."""
+        if isinstance(e, SessionClosed) and e.reason == SELF_LINK:
+            return True
+        if session is None or isinstance(e, (RequestRejected, TimeoutError)):
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(session.wait_closed(), self.connect_timeout)
+        info = session.close_info
+        return info is not None and info[1] == SELF_LINK

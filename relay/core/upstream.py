@@ -1,8 +1,10 @@
 """Links to upstream relays (``--upstream URL``, tried in order, §14.4 relay trees).
 
 A link keeps one client session to the first reachable upstream relay and re-dials on
-demand after it dies. Namespaces, subscriptions and fetches the relay cannot serve locally
-go through it.
+demand after it dies, starting with the URL after the one it lost (the list is a ring: a
+root tier's replicas, each as good as the others, docs/relay.md "A root of several
+replicas"). The first dial starts at ``first`` (``upstream_spread``: see :func:`spread`).
+Namespaces, subscriptions and fetches the relay cannot serve locally go through it.
 
 A dead upstream must not stall requests: the session's QUIC idle timeout is short (set by
 the service from ``upstream_idle_timeout``, with PINGs keeping a quiet link alive), each dial
@@ -13,6 +15,7 @@ once until its backoff (doubling, capped) has passed.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,12 +37,28 @@ BACKOFF_FIRST = 0.25  # seconds before the first re-dial after a failed one
 BACKOFF_MAX = 5.0
 
 
+def spread(identity: str, n: int) -> int:
+    """Which of ``n`` upstream URLs a relay named ``identity`` (its host name) dials first,
+    so a tier's replicas spread over the replicas of the tier above instead of all taking
+    the first: a StatefulSet pod's ordinal (``edge-5``: 5) modulo ``n``, so consecutive
+    pods take consecutive upstreams; any other name by a stable hash."""
+    if n <= 1:
+        return 0
+    _, _, tail = identity.rpartition("-")
+    if tail.isdigit():
+        return int(tail) % n
+    return int.from_bytes(hashlib.sha256(identity.encode()).digest()[:8], "big") % n
+
+
 class UpstreamLink:
     def __init__(self, urls: Sequence[str], *, config: SessionConfig,
                  settings: QuicSettings | None = None, handler: SessionHandler | None = None,
                  ca_file: str | os.PathLike[str] | None = None, insecure: bool = False,
-                 dial_timeout: float = 10.0) -> None:
+                 dial_timeout: float = 10.0, first: int = 0) -> None:
         self.urls = list(urls)
+        # where a dial starts: ``first`` until a session was made, then the URL after the
+        # last session's (a lost upstream is likely dead: its peers are tried before it)
+        self._next = first % len(self.urls) if self.urls else 0
         self.config = config
         self.settings = settings
         self.handler = handler
@@ -134,7 +153,9 @@ class UpstreamLink:
     async def _dial(self) -> MoqtSession | None:
         loop = asyncio.get_running_loop()
         looped = None
-        for url in self.urls:
+        n = len(self.urls)
+        for i in range(self._next, self._next + n):
+            url = self.urls[i % n]
             handler = self.handler_factory() if self.handler_factory else self.handler
             try:
                 session = await asyncio.wait_for(open_session(
@@ -157,6 +178,7 @@ class UpstreamLink:
                 continue
             log.info("connected to upstream relay %s", url)
             self._session = session
+            self._next = (i + 1) % n
             self._backoff = 0.0
             self.looped = None
             self.connects += 1

@@ -44,6 +44,10 @@ class SessionHandler:
     async def track_status(self, req: IncomingTrackStatus) -> None:
         await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no such track")
 
+    def setup_received(self, session: SessionBase) -> None:
+        """The peer's SETUP arrived (``session.peer_setup``); none of its requests has been
+        served yet, and none is until this returns."""
+
     def answered(self, req: object, code: int | None) -> None:
         """A request of the peer was answered: accepted (``code`` None) or rejected."""
 

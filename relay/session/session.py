@@ -176,6 +176,7 @@ class MoqtSession(SessionBase):
         while True:
             for msg in items:
                 if isinstance(msg, Setup):
+                    self.handler.setup_received(self)  # before any request is served
                     self._setup_received.set()
                 else:
                     self.handler.goaway(self, msg)

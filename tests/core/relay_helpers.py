@@ -42,12 +42,14 @@ async def relay_at(data_dir: Path, *, upstream: Sequence[str] = (), port: int = 
                    lmdb_max_age: float | None = None,
                    clock: Callable[[], float] = time.time, upstream_token: bytes | None = None,
                    upstream_announce_fields: int = 1,
-                   upstream_idle_timeout: float = RelayConfig.upstream_idle_timeout
+                   upstream_idle_timeout: float = RelayConfig.upstream_idle_timeout,
+                   peer: Sequence[str] = (), peer_token: bytes | None = None
                    ) -> RunningRelay:
     """``upstream_idle_timeout`` also bounds each dial: a test whose upstream never answers
     gives a short one instead of waiting out the default at every dial."""
     cfg = RelayConfig(send_buffer_bytes=send_buffer_bytes, listen_port=port,
                       data_dir=data_dir, upstream=list(upstream), upstream_insecure=True,
+                      peer=list(peer), peer_insecure=True, peer_token=peer_token,
                       memory_bytes=memory_bytes, lmdb_max_age=lmdb_max_age, clock=clock,
                       lmdb_bytes=lmdb_bytes, options=options or RelayOptions(),
                       auth_tokens=auth_tokens or [], upstream_token=upstream_token,

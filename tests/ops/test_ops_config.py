@@ -172,7 +172,8 @@ def test_every_setting_of_the_relay_has_a_key_and_the_keys_set_it() -> None:
     set carries setting metadata (so it has a flag, an env var and a TOML key), and a value
     given for each key reaches its field."""
     not_settings = {"listen_host", "listen_port",  # `listen`
-                    "upstream_token", "auth_tokens", "admin_token", "scope_quotas",  # files
+                    "upstream_token", "peer_token", "auth_tokens", "admin_token",  # files
+                    "scope_quotas",  # files
                     "quic_backend", "metrics_listen",  # the launcher's, passed on
                     "options", "worker", "clock",  # composition, workers, tests
                     "options.session", "options.in_flight_wait"}  # protocol tuning
@@ -252,3 +253,22 @@ def test_scope_quotas_and_max_sessions(tmp_path: Path) -> None:
                  '[scopes."00"]\nmemory_bytes = -1\n'):
         with pytest.raises(ConfigError, match="scopes"):
             load({}, {}, _file(tmp_path, text))
+
+
+def test_peers_need_the_tiers_token_with_tokens_on_and_one_worker(tmp_path: Path) -> None:
+    """docs/relay.md, "A root of several replicas": a peer's link needs a grant for
+    everything where tokens are on, and lands on one worker of a relay with several."""
+    t = tmp_path / "peer.token"
+    t.write_text("tier-secret-0123\n")
+    peers = {"KVCS_RELAY_PEER": "moqt://127.0.0.1:7/, moqt://127.0.0.1:8/"}
+    s = load({"peer_token": str(t)}, peers)
+    cfg = s.relay_config()
+    assert cfg.peer == ["moqt://127.0.0.1:7/", "moqt://127.0.0.1:8/"]
+    assert cfg.peer_token == b"tier-secret-0123" and "tier-secret" not in render(s)
+    tokens = _file(tmp_path, '[[auth.tokens]]\ntoken = "a"\nprefixes = ["kvcs-1"]\n')
+    assert load({"peer_token": str(t)}, peers, tokens).peer_token == b"tier-secret-0123"
+    with pytest.raises(ConfigError, match=r"peer \(env KVCS_RELAY_PEER\).*peer_token"):
+        load({}, peers, tokens)
+    with pytest.raises(ConfigError, match="workers > 1"):
+        load({"workers": "2"}, peers)
+    load({}, {}, tokens)  # no peers: no peer token needed

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -183,22 +182,42 @@ def test_a_two_tier_tree_renders_with_its_upstream_token_and_announcing() -> Non
     assert "command" not in c  # an edge tier's replicas all dial the root's Service
 
 
-def test_a_root_tier_of_several_replicas_links_them_to_replica_0(tmp_path: Path) -> None:
+def test_a_root_tier_of_several_replicas_links_them_as_peers() -> None:
     root, _edge = _tree()
     conf = _conf(root, "root-kvcs-relay")
-    assert conf["upstream"] == [] and conf["upstream_ca"] == "/etc/kvcs/tls/tls.crt"
+    # one list for every replica, its own URL in it (the relay skips it): no single point
+    assert conf["upstream"] == [] and conf["peer"] == [ROOT_URL.replace("-0.", f"-{i}.")
+                                                      for i in range(3)]
+    assert conf["peer_ca"] == "/etc/kvcs/tls/tls.crt" and conf["peer_insecure"] is False
+    assert "upstream_ca" not in conf and "peer_token" not in conf  # no tokens: open
     c = root["StatefulSet", "root-kvcs-relay"]["spec"]["template"]["spec"]["containers"][0]
-    assert c["command"] == ["/bin/sh", "-c"]
-    # run the container's script with a stand-in `kvcs` that shows what it was given
-    fake = tmp_path / "kvcs"
-    fake.write_text('#!/bin/sh\necho "${KVCS_RELAY_UPSTREAM:-none}|$*"\n')
-    fake.chmod(0o755)
-    for pod, upstream in (("root-kvcs-relay-0", "none"), ("root-kvcs-relay-2", ROOT_URL)):
-        out = subprocess.run(["/bin/sh", "-c", c["args"][0]], capture_output=True, text=True,
-                             env={"PATH": f"{tmp_path}:/usr/bin:/bin", "HOSTNAME": pod},
-                             check=True, timeout=30).stdout.strip()
-        assert out == f"{upstream}|relay --config /etc/kvcs/relay.toml", pod
-    # unverifiable: refused at render time with what to do
-    with pytest.raises(Exception, match="root tier of several replicas"):
-        _render({"replicaCount": 2}, name="root")
-    _render({"replicaCount": 2, "rootReplicas": {"link": False}}, name="root")
+    assert "command" not in c and c["args"] == ["--config", "/etc/kvcs/relay.toml"]
+    # unverifiable, several workers, or tokens without the tier's peer token: refused at
+    # render time with what to do
+    for values, needle in (({}, "tls"), ({"tls": FULL["tls"], "relay": {"workers": 2}},
+                                         "one worker per pod"),
+                           ({"tls": FULL["tls"], "auth": FULL["auth"]}, "peerToken")):
+        with pytest.raises(Exception, match=needle):
+            _render({"replicaCount": 2, **values}, name="root")
+    assert "peer" not in _conf({(d["kind"], d["metadata"]["name"]): d for d in _render(
+        {"replicaCount": 2, "rootReplicas": {"link": False}}, name="root")}, "root-kvcs-relay")
+
+
+def test_a_root_tier_with_tokens_shares_its_peer_token_through_a_secret() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(
+        {"replicaCount": 3, "upstreamCASecret": "root-ca", "auth": FULL["auth"],
+         "rootReplicas": {"peerToken": "tier-s3cret"}}, name="root")}
+    for d in docs.values():
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+    conf = _conf(docs, "root-kvcs-relay")
+    assert conf["peer_ca"] == "/etc/kvcs/upstream-ca/ca.crt"
+    assert "tier-s3cret" not in docs["ConfigMap", "root-kvcs-relay"]["data"]["relay.toml"]
+    secret = docs["Secret", "root-kvcs-relay-peer-token"]["stringData"]["peer.token"]
+    assert secret == "tier-s3cret"
+    c = docs["StatefulSet", "root-kvcs-relay"]["spec"]["template"]["spec"]["containers"][0]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert Path(conf["peer_token"]).parent == Path(mounts["peer-token"])
+    # an edge tier listing every root replica spreads its pods over them
+    edge = {(d["kind"], d["metadata"]["name"]): d for d in _render(
+        {"upstream": conf["peer"], "upstreamSpread": True})}
+    assert _conf(edge, "edge-kvcs-relay")["upstream_spread"] is True

@@ -27,17 +27,35 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.upstreamTokenSecret -}}{{ .Values.upstreamTokenSecret }}{{- else if .Values.upstreamToken -}}{{ include "kvcs-relay.fullname" . }}-upstream-token{{- end -}}
 {{- end -}}
 
-{{- /* A root tier of several linked replicas: replicas 1..N-1 take replica 0 as upstream. */}}
+{{- define "kvcs-relay.peerTokenSecret" -}}
+{{- if .Values.rootReplicas.peerTokenSecret -}}{{ .Values.rootReplicas.peerTokenSecret }}{{- else if .Values.rootReplicas.peerToken -}}{{ include "kvcs-relay.fullname" . }}-peer-token{{- end -}}
+{{- end -}}
+
+{{- /* A root tier of several linked replicas: every replica a peer of every other
+(docs/relay.md, "A root of several replicas"). */}}
 {{- define "kvcs-relay.linkedRoot" -}}
 {{- if and (not .Values.upstream) (gt (int .Values.replicaCount) 1) .Values.rootReplicas.link -}}
 {{- if not (or .Values.upstreamCASecret (include "kvcs-relay.tlsSecret" .) .Values.upstreamInsecure) -}}
-{{- fail "a root tier of several replicas links replicas 1..N-1 to replica 0: give tls (a certificate valid for the headless names), upstreamCASecret, or upstreamInsecure; or set rootReplicas.link=false" -}}
+{{- fail "a root tier of several replicas links them as peers: give tls (a certificate valid for the headless names), upstreamCASecret, or upstreamInsecure; or set rootReplicas.link=false" -}}
+{{- end -}}
+{{- if and (include "kvcs-relay.tokensSecret" .) (not (include "kvcs-relay.peerTokenSecret" .)) -}}
+{{- fail "a root tier of several replicas with auth tokens needs the token its peers share: give rootReplicas.peerToken or rootReplicas.peerTokenSecret" -}}
+{{- end -}}
+{{- if ne (toString .Values.relay.workers) "1" -}}
+{{- fail "a root tier of several linked replicas runs one worker per pod (a peer's link would see one worker): scale it with replicaCount, or set rootReplicas.link=false" -}}
 {{- end -}}
 true
 {{- end -}}
 {{- end -}}
 
-{{- define "kvcs-relay.rootUrl" -}}
+{{- /* Every replica's URL through the headless Service: a linked root tier's peers (each
+replica recognises and skips its own). */}}
+{{- define "kvcs-relay.peerUrls" -}}
 {{- $full := include "kvcs-relay.fullname" . -}}
-moqt://{{ $full }}-0.{{ $full }}-headless.{{ .Release.Namespace }}.svc.cluster.local:{{ .Values.relay.port }}/
+{{- $port := .Values.relay.port -}}
+{{- $ns := .Release.Namespace -}}
+{{- range $i := until (int .Values.replicaCount) -}}
+{{- if $i }}, {{ end -}}
+"moqt://{{ $full }}-{{ $i }}.{{ $full }}-headless.{{ $ns }}.svc.cluster.local:{{ $port }}/"
+{{- end -}}
 {{- end -}}

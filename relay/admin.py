@@ -74,6 +74,36 @@ def scope_totals(tracks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"scope": s, **v} for s, v in sorted(scopes.items())]
 
 
+def links_state(relay: Relay) -> list[dict[str, Any]]:
+    """Request streams per link (``out``: this relay's requests; ``in``: the peer's), in use
+    and granted: each upstream, sibling and lower-relay session on its own, the clients
+    summed. The upstream link also lists what it holds there for a long time."""
+    out: list[dict[str, Any]] = []
+    clients = {"link": "client", "sessions": 0,
+               "requests_out": {"in_use": 0, "granted": 0},
+               "requests_in": {"in_use": 0, "granted": 0}}
+    for kind, session in relay.links():
+        rs = session.request_streams()
+        streams = {"requests_out": {"in_use": rs.out_in_use, "granted": rs.out_granted},
+                   "requests_in": {"in_use": rs.in_in_use, "granted": rs.in_granted}}
+        if kind == "client":
+            clients["sessions"] += 1
+            for d in ("requests_out", "requests_in"):
+                for k in ("in_use", "granted"):
+                    clients[d][k] += streams[d][k]
+            continue
+        entry: dict[str, Any] = {"link": kind, "peer": str(session.conn.remote_address),
+                                 **streams}
+        if kind == "upstream":
+            ann, held = relay.announcer, relay.routing.upstream_namespaces
+            entry["announcements"] = sorted(format_namespace(p) for p in ann.announced) \
+                if ann is not None else []
+            entry["namespace_subscriptions"] = sorted(format_namespace(p) for p in held.held) \
+                if held is not None else []
+        out.append(entry)
+    return [*out, clients]
+
+
 class AdminAuth:
     """The admin token check, shared by a relay's listener and the supervisor's."""
 
@@ -188,6 +218,7 @@ class AdminApi:
         keys = sorted(known_tracks(relay))
         tracks = [self._track(k) for k in keys]
         return {"sessions": sessions,
+                "links": links_state(relay),
                 "scopes": scope_totals(tracks),
                 "namespaces": sorted(format_namespace(ns) for ns in relay.namespaces.namespaces()),
                 "tracks": tracks}

@@ -56,6 +56,29 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    10.0, 30.0)
 
 
+LINKS = ("upstream", "sibling", "lower_relay", "client")
+
+
+def _request_streams(relay: Relay) -> Metric:
+    """Request streams per kind of link and direction (``out``: this relay's requests,
+    bounded by what the peers grant; ``in``: the peers', bounded by what this relay grants),
+    in use and granted, summed over the sessions of that kind."""
+    g = GaugeMetricFamily(P + "request_streams", "Request (bidirectional) streams open and "
+                          "granted, by kind of link, direction and state.",
+                          labels=["link", "direction", "state"])
+    sums = {(k, d, st): 0 for k in LINKS for d in ("out", "in") for st in ("in_use",
+                                                                         "granted")}
+    for kind, session in relay.links():
+        rs = session.request_streams()
+        for d, used, granted in (("out", rs.out_in_use, rs.out_granted),
+                                 ("in", rs.in_in_use, rs.in_granted)):
+            sums[kind, d, "in_use"] += used
+            sums[kind, d, "granted"] += granted
+    for labels, value in sums.items():
+        g.add_metric(list(labels), value)
+    return g
+
+
 def _code_name(enum: Any, code: int) -> str:
     """A spec code as a bounded label value: its name, or "other" for codes we do not know
     (a peer chooses the code it closes with)."""
@@ -145,9 +168,19 @@ class RelayCollector(Collector):
         yield _counter("upstream_announcements_refused", "PUBLISH_NAMESPACE the upstream "
                        "relay refused (served locally).",
                        c.upstream_announcements_refused)
-        yield _counter("upstream_announcements_uncovered", "Prefixes not announced: the "
+        yield _counter("upstream_announcements_uncovered", "Namespaces not announced: the "
                        "upstream token does not cover them.",
                        c.upstream_announcements_uncovered)
+        yield _counter("upstream_announcements_retried", "PUBLISH_NAMESPACE sent again to "
+                       "the upstream relay after one failed (no answer in time).",
+                       c.upstream_announcements_retried)
+        held = relay.routing.upstream_namespaces
+        g = GaugeMetricFamily(P + "upstream_namespace_subscriptions",
+                              "SUBSCRIBE_NAMESPACE held at the upstream relay now, for "
+                              "this relay's own listeners.")
+        g.add_metric([], len(held.held) if held is not None else 0)
+        yield g
+        yield _request_streams(relay)
         yield _counter("upstream_pushes", "Tracks pushed to the upstream relay (PUBLISH).",
                        c.upstream_pushes)
         yield _counter("upstream_pushes_failed", "Pushes to the upstream relay that could "

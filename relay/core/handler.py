@@ -263,7 +263,11 @@ class RelayHandler(SessionHandler):
         try:
             await track.ingest(sub)
         finally:
-            relay.namespaces.remove_publisher(entry)
+            pending = track.pending_commit
+            if pending is None:
+                relay.namespaces.remove_publisher(entry)
+            else:  # until LMDB holds it (listed for LMDB's sake then), with no gap between
+                pending.add_done_callback(lambda _f: relay.namespaces.remove_publisher(entry))
 
     # -- discovery --------------------------------------------------------------------------------
 

@@ -73,6 +73,7 @@ class Relay:
         self.counters = Counters()
         self.upstream = upstream
         self.siblings: set[MoqtSession] = set()  # sessions to sibling workers and peers
+        self.sibling_sessions: set[MoqtSession] = set()  # and theirs to this relay
         # tells this relay's own sibling links apart from its peers' (relay/core/siblings.py)
         self.instance = secrets.token_hex(8)
         self._created = 0
@@ -94,6 +95,20 @@ class Relay:
                 self.push = UpstreamPush(self)
         self.persistence = Persistence(store, self.namespaces, self.counters, clock)
         self.routing = Routing(self)
+
+    def links(self) -> list[tuple[str, MoqtSession]]:
+        """Every session of the relay by the kind of link it is: ``upstream`` (to the
+        upstream relay), ``sibling`` (to and from sibling workers and peer relays),
+        ``lower_relay`` (a relay of the tree below this one) and ``client``."""
+        found: list[tuple[str, MoqtSession]] = []
+        up = self.upstream_session()
+        if up is not None:
+            found.append(("upstream", up))
+        found += [("sibling", s) for s in (*self.siblings, *self.sibling_sessions)
+                  if not s.closed]
+        found += [("lower_relay" if self.routing.is_tree_relay(s) else "client", s)
+                  for s in self.sessions]
+        return found
 
     def upstream_session(self) -> MoqtSession | None:
         """The upstream relay session in use now, if any (no dial)."""
@@ -135,6 +150,8 @@ class Relay:
         if not sibling:
             self.sessions.add(session)
             self.counters.session_accepted(conn.transport)
+        else:
+            self.sibling_sessions.add(session)
         log.info("session open: %s %s%s", conn.transport, conn.remote_address,
                  " (sibling)" if sibling else "")
         try:
@@ -146,6 +163,7 @@ class Relay:
             log.info("session closed: code 0x%x %s", code, reason)
         finally:
             self.sessions.discard(session)
+            self.sibling_sessions.discard(session)
             self.routing.session_closed(session)
             self.namespaces.remove_source(session)
             for lst in self.namespaces.listeners_of(session):

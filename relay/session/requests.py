@@ -121,14 +121,26 @@ async def first_reply(session: SessionBase, rs: RequestStream, what: str) -> Any
     return reply
 
 
+def abandon(rs: RequestStream) -> None:
+    """Our request is given up before its reply (the caller's timeout, its task cancelled,
+    the stream failed): cancel its stream both ways (§5.1), or the peer would go on serving
+    it, and holding the stream and its credit, for the rest of the session."""
+    with contextlib.suppress(TransportError):
+        rs.cancel()
+
+
 async def request_ok(session: SessionBase, make: Callable[[int], RequestMessage], *,
                      fin: bool = False) -> tuple[RequestStream, RequestOk, int]:
     """Send a request answered by REQUEST_OK (PUBLISH, PUBLISH_NAMESPACE,
     SUBSCRIBE_NAMESPACE, TRACK_STATUS) on a new request stream; raise on REQUEST_ERROR."""
     rs = await session.open_request()
     msg = make(session.next_request_id())
-    await rs.send(msg, fin=fin)
-    reply = await first_reply(session, rs, msg.TYPE.name)
+    try:
+        await rs.send(msg, fin=fin)
+        reply = await first_reply(session, rs, msg.TYPE.name)
+    except BaseException:
+        abandon(rs)
+        raise
     if isinstance(reply, RequestErrorMessage):
         await rs.finish()
         await rs.release()
@@ -148,6 +160,7 @@ async def send_routed(session: SessionBase, rs: RequestStream, msg: RequestMessa
         reply = await first_reply(session, rs, msg.TYPE.name)
     except BaseException:
         session.unbind_request(rid)
+        abandon(rs)
         raise
     if isinstance(reply, RequestErrorMessage):
         session.unbind_request(rid)

@@ -1,0 +1,152 @@
+"""Trees under load (issue 35): request streams between relays are a bounded resource (a qh3
+peer grants 100 bidirectional streams, our aioquic relay 256), so nothing a tree holds per
+consumer, per prefix or per scope may grow with their number (docs/relay.md, "Request
+streams"). Each test asks for more than either peer grants."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+from relay_helpers import TIMEOUT, client, make_ns, relay_at
+
+from relay.kvcs.plan import PublicationPlan
+from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
+from relay.moqt.codes import ObjectStatus
+from relay.moqt.primitives import FullTrackName, Location
+from relay.peers.connect import RelayAccess
+from relay.peers.errors import EXIT_OK
+from relay.peers.publisher import PublishOptions, publish_plan
+from relay.peers.subscriber import RetrieveOptions, retrieve
+from relay.service import RunningRelay
+from relay.session import MoqtSession
+
+SCOPE_KEY = bytes(range(32))
+BLOCK_TOKENS = 4
+PROMPTS, BLOCKS = 20, 16  # 320 distinct discovery prefixes in all
+SCOPES = 300
+
+
+def _access(r: RunningRelay) -> RelayAccess:
+    return RelayAccess((r.url,), ca_file=r.certfile)
+
+
+async def _until(cond: object, what: str) -> None:
+    """Until ``cond()`` holds, re-checked at every turn of the loop (bounded)."""
+    async with asyncio.timeout(TIMEOUT):
+        while not cond():  # type: ignore[operator]
+            await asyncio.sleep(0.01)  # poll step: stream credit moves with no event here
+    assert cond(), what  # type: ignore[operator]
+
+
+def _out_in_use(session: MoqtSession | None) -> int:
+    return session.request_streams().out_in_use if session is not None else 0
+
+
+async def test_consumers_at_an_edge_ask_hundreds_of_prefixes_and_give_them_back(
+        tmp_path: Path) -> None:
+    """20 consumers with distinct 16-block prompts at an edge B under a root R: B asks R
+    for 320 distinct prefixes in all, more than R grants at once; every retrieval is
+    complete and bit for bit, and B's link to R holds no request afterwards."""
+    r = await relay_at(tmp_path / "r")
+    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    d = synthetic_descriptor(2, 1, 8, "float16", block_tokens=BLOCK_TOKENS)
+    try:
+        caches = []
+        for seed in range(PROMPTS):
+            k, v = synthetic_kv(2, 1, 8, BLOCKS * BLOCK_TOKENS, "float16", seed)
+            tokens = synthetic_tokens(BLOCKS * BLOCK_TOKENS, seed + 1000)
+            caches.append((k, v, tokens))
+            await asyncio.wait_for(publish_plan(
+                PublicationPlan(k, v, d, SCOPE_KEY, tokens), _access(r), PublishOptions()),
+                TIMEOUT)
+        link = b.relay.upstream
+        assert link is not None
+        up = await asyncio.wait_for(link.get(), TIMEOUT)
+        baseline = _out_in_use(up)
+        asked = r.relay.counters.ok("SUBSCRIBE_NAMESPACE")
+        for k, v, tokens in caches:
+            got = await asyncio.wait_for(retrieve(RetrieveOptions(
+                _access(b), d, SCOPE_KEY, tokens)), TIMEOUT)
+            assert got.exit_code == EXIT_OK, got.report
+            assert np.array_equal(got.k, k) and np.array_equal(got.v, v)
+        # B asked R for every consumer's prefixes: more than R lets B hold at once
+        assert r.relay.counters.ok("SUBSCRIBE_NAMESPACE") - asked >= PROMPTS * BLOCKS
+        held = b.relay.routing.upstream_namespaces
+        assert held is not None
+        await _until(lambda: held.held == [] and _out_in_use(link.session) == baseline,
+                     "B's requests at R given back")
+        # and R sees the same on its side of the link
+        [b_at_r] = [x for x in r.relay.sessions if r.relay.routing.is_tree_relay(x)]
+        await _until(lambda: b_at_r.request_streams().in_in_use == baseline,
+                     "R holds no more of B's requests than before")
+    finally:
+        await b.close()
+        await r.close()
+
+
+async def _publish_scope(session: MoqtSession, name: FullTrackName, payload: bytes) -> None:
+    """A complete one-Object Track pushed with PUBLISH alone (its namespace is listed while
+    it is pushed, and held in LMDB once complete)."""
+    served = await asyncio.wait_for(session.publish(name.namespace, name.name), TIMEOUT)
+    w = await served.open_subgroup(0, 0, 0)
+    await w.write_object(0, payload)
+    await w.write_status(1, ObjectStatus.END_OF_GROUP, fin=True)
+    w = await served.open_subgroup(1, 0, 0)
+    await w.write_status(0, ObjectStatus.END_OF_TRACK, fin=True)
+    await served.done()
+
+
+async def _fetch_all(r: RunningRelay, names: list[FullTrackName],
+                     payloads: dict[FullTrackName, bytes]) -> None:
+    c = await client(r)
+    for name in names:
+        resp = await asyncio.wait_for(c.fetch(name.namespace, name.name), TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            got = {e.location: bytes(e.payload) for e in await resp.collect()}
+        assert got == {Location(0, 0): payloads[name]}, name
+    await c.aclose()
+
+
+async def test_hundreds_of_scopes_at_a_lower_relay_are_announced_and_served(
+        tmp_path: Path) -> None:
+    """300 scopes published at A under R (more than R grants A's session at once): all
+    announced with one request, all fetchable at a sibling S of A; again at a new sibling
+    after A restarts on its LMDB."""
+    r = await relay_at(tmp_path / "r")
+    a = await relay_at(tmp_path / "a", upstream=[r.url])
+    s = await relay_at(tmp_path / "s", upstream=[r.url])
+    names = [FullTrackName(make_ns(), b"k.raw.s0") for _ in range(SCOPES)]
+    payloads = {n: n.namespace[1] * 8 for n in names}
+    relays = [r, a, s]
+    try:
+        pub = await client(a)
+        for n in names:
+            await _publish_scope(pub, n, payloads[n])
+        for n in names:
+            assert await a.relay.wait_committed(n, TIMEOUT)
+        await pub.aclose()
+        await _until(lambda: all(r.relay.namespaces.sources_of(n.namespace) for n in names),
+                     "R knows every scope")
+        ann = a.relay.announcer
+        assert ann is not None and ann.announced == [(b"kvcs-1",)]
+        # A's link to R holds one announcement (R holds one namespace subscription down)
+        assert _out_in_use(a.relay.upstream_session()) == 1
+        await _fetch_all(s, names, payloads)
+
+        await a.close()
+        relays.remove(a)
+        a = await relay_at(tmp_path / "a", upstream=[r.url])
+        relays.append(a)
+        s2 = await relay_at(tmp_path / "s2", upstream=[r.url])
+        relays.append(s2)
+        await _until(lambda: all(
+            any(e.source is not None and not getattr(e.source, "closed", False)
+                for e in r.relay.namespaces.sources_of(n.namespace)) for n in names),
+            "R knows every scope from the restarted A")
+        await _fetch_all(s2, names, payloads)
+        assert a.relay.counters.lmdb_committed_tracks == 0  # served from A's LMDB
+    finally:
+        for x in reversed(relays):
+            await x.close()

@@ -150,3 +150,47 @@ async def test_hundreds_of_scopes_at_a_lower_relay_are_announced_and_served(
     finally:
         for x in reversed(relays):
             await x.close()
+
+
+async def test_a_wider_prefix_takes_over_narrower_ones_at_the_upstream(
+        tmp_path: Path) -> None:
+    """One session holds no overlapping SUBSCRIBE_NAMESPACE (§2.7): a consumer at B asking
+    a prefix wider than one B holds at R gets everything R knows under it (B's subscription
+    is replaced by the wider one), and the consumer of the narrower prefix sees no
+    namespace withdrawn meanwhile; both gone, B holds nothing at R."""
+    r = await relay_at(tmp_path / "r")
+    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    ns1, ns2 = make_ns(), make_ns()
+    ns3 = (*ns1[:4], b"third")
+    try:
+        pub = await client(r)
+        for ns in (ns1, ns2):
+            await asyncio.wait_for(pub.publish_namespace(ns), TIMEOUT)
+        c1, c2 = await client(b), await client(b)
+        narrow = await asyncio.wait_for(c1.subscribe_namespace(ns1[:4]), TIMEOUT)
+        events1 = aiter(narrow)
+        ev = await asyncio.wait_for(anext(events1), TIMEOUT)
+        assert (ev.namespace, ev.active) == (ns1, True)
+        held = b.relay.routing.upstream_namespaces
+        assert held is not None and held.held == [ns1[:4]]
+        wide = await asyncio.wait_for(c2.subscribe_namespace((b"kvcs-1",)), TIMEOUT)
+        events2 = aiter(wide)
+        seen = set()
+        async with asyncio.timeout(TIMEOUT):
+            while seen != {ns1, ns2}:
+                ev = await anext(events2)
+                assert ev.active
+                seen.add(ev.namespace)
+        assert held.held == [(b"kvcs-1",)]
+        await asyncio.wait_for(pub.publish_namespace(ns3), TIMEOUT)
+        ev = await asyncio.wait_for(anext(events1), TIMEOUT)  # nothing withdrawn before it
+        assert (ev.namespace, ev.active) == (ns3, True)
+        wide.cancel()
+        narrow.cancel()
+        link = b.relay.upstream
+        assert link is not None
+        await _until(lambda: held.held == [] and _out_in_use(link.session) == 0,
+                     "B holds nothing at R")
+    finally:
+        await b.close()
+        await r.close()

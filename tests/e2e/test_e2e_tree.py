@@ -69,11 +69,12 @@ async def next_event(events: AsyncIterator[object], namespace: TrackNamespace | 
                 return ev.namespace  # type: ignore[attr-defined,no-any-return]
 
 
-def fetch_args(relay: RunningRelay, tmp: Path, name: str, deadline_ms: int) -> list[str]:
-    published = tmp / "published.safetensors"
+def fetch_args(relay: RunningRelay, tmp: Path, name: str, deadline_ms: int,
+               published: str = "published") -> list[str]:
+    source = tmp / f"{published}.safetensors"
     out = tmp / f"{name}.safetensors"
     return ["fetch", "--relay", relay.url, "--ca", str(relay.certfile), "--descriptor",
-            str(published), "--tokens", str(published), "--scope-key", str(tmp / "scope.key"),
+            str(source), "--tokens", str(source), "--scope-key", str(tmp / "scope.key"),
             "--out", str(out), "--report", str(out.with_suffix(".json")),
             "--deadline-ms", str(deadline_ms)]
 
@@ -168,28 +169,43 @@ async def test_a_lower_relay_with_two_workers_is_one_relay_to_its_upstream(
 
 async def test_an_edge_serves_a_publication_it_holds_after_its_origin_died(
         tmp_path: Path) -> None:
-    """Issue 26 item 3, as a user saw it: `kvcs fetch` at an edge of a publication it
-    fetched once before, after its origin was SIGKILLed: exit 0, bit for bit."""
+    """Issue 26 item 3 and issue 35 item 4, as a user sees it: `kvcs fetch` at an edge of a
+    publication it fetched once before, after its origin was SIGKILLed and the edge noticed
+    (its idle timeout): three separate runs, each a new session, exit 0 bit for bit; one of
+    a publication the edge never held exits 9 (its upstream is unreachable) within 5 s."""
     (tmp_path / "scope.key").write_bytes(os.urandom(32))
     port = free_udp_port()
+    loop = asyncio.get_running_loop()
     async with relay_process(tmp_path / "o", port, None) as origin:
         url = f"moqt://127.0.0.1:{port}/"
         edge = await relay_at(tmp_path / "e", upstream=[url])
         try:
-            code, _out, err = await run_kvcs(
-                "publish", "--relay", url, "--ca", str(tmp_path / "o" / "tls" / "cert.pem"),
-                "--synthetic", SYNTH, "--scope-key", str(tmp_path / "scope.key"),
-                "--out", str(tmp_path / "published.safetensors"), timeout=60)
-            assert code == 0, err
+            for out, synth in (("published", SYNTH), ("other", "8,4,64,256,float16,2")):
+                code, _out, err = await run_kvcs(
+                    "publish", "--relay", url, "--ca", str(tmp_path / "o" / "tls" / "cert.pem"),
+                    "--synthetic", synth, "--scope-key", str(tmp_path / "scope.key"),
+                    "--out", str(tmp_path / f"{out}.safetensors"), timeout=60)
+                assert code == 0, err
             code, _out, err = await run_kvcs(*fetch_args(edge, tmp_path, "first", 30000),
                                              timeout=60)
             assert code == 0, err
             origin.kill()
             await origin.wait()
-            code, _out, err = await run_kvcs(*fetch_args(edge, tmp_path, "again", 30000),
-                                             timeout=60)
-            assert code == 0, err
-            assert same_cache(tmp_path / "published.safetensors",
-                              tmp_path / "again.safetensors")
+            link = edge.relay.upstream
+            assert link is not None
+            async with asyncio.timeout(TIMEOUT):
+                while link.lost == 0:  # the edge noticed (its idle timeout, 3 s)
+                    await asyncio.sleep(0.05)  # poll step: the link has no event for it
+            for i in range(3):
+                code, _out, err = await run_kvcs(*fetch_args(edge, tmp_path, f"again{i}",
+                                                             30000), timeout=60)
+                assert code == 0, err
+                assert same_cache(tmp_path / "published.safetensors",
+                                  tmp_path / f"again{i}.safetensors")
+            started = loop.time()
+            code, _out, err = await run_kvcs(*fetch_args(edge, tmp_path, "never", 30000,
+                                                         published="other"), timeout=60)
+            assert code == 9 and "upstream is unreachable" in err, (code, err)
+            assert loop.time() - started < 5.0
         finally:
             await edge.close()

@@ -22,7 +22,13 @@ from relay.moqt.control import ControlStreamParser, encode_message
 from relay.moqt.messages import Fetch, FetchOk, Setup
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName
-from relay.session import MoqtSession
+from relay.session import (
+    IncomingFetch,
+    IncomingSubscribeNamespace,
+    MoqtSession,
+    SessionHandler,
+    open_session,
+)
 from relay.transport import Connection, QuicSettings, Server, connect, ensure_self_signed, serve
 
 NS = (b"kvcs-1", b"credit")
@@ -95,3 +101,55 @@ async def test_requests_the_requester_never_fins_give_their_stream_back(
         assert all(d.endswith(b"zero\x00\x03one") for d in served)
     finally:
         await asyncio.wait_for(conn.aclose(), TIMEOUT)
+
+
+class _Silent(SessionHandler):
+    """Answers nothing: every FETCH and SUBSCRIBE_NAMESPACE waits for ever."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.never = asyncio.Event()
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        self.asked += 1
+        await self.never.wait()
+
+    async def subscribe_namespace(self, req: IncomingSubscribeNamespace) -> None:
+        self.asked += 1
+        await self.never.wait()
+
+
+async def test_requests_given_up_before_their_reply_give_their_stream_back(
+        certs: Path) -> None:
+    """A requester that gives up waiting (its timeout, its task cancelled) cancels the
+    request's stream (§5.1): the responder is not left serving it, and the stream credit
+    comes back. More requests than the peer grants at once: all given up, then none held."""
+    silent = _Silent()
+    sessions: list[MoqtSession] = []
+
+    async def on_conn(conn: Connection) -> None:
+        s = await MoqtSession.start(conn, None, silent)
+        sessions.append(s)
+        await s.wait_closed()
+
+    srv = await serve("127.0.0.1", 0, certs / "cert.pem", certs / "key.pem", on_conn,
+                      settings=QuicSettings(max_streams_bidi=PEER_BIDI))
+    c = await asyncio.wait_for(open_session(f"moqt://127.0.0.1:{srv.port}/",
+                                            ca_file=certs / "cert.pem"), TIMEOUT)
+    try:
+        async def ask(i: int) -> None:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(c.fetch(NS, TRACK.name) if i % 2 else
+                                       c.subscribe_namespace((b"kvcs-1", b"%d" % i)), 0.5)
+
+        for _ in range(2):  # twice the grant: only streams given back let the second round in
+            await asyncio.wait_for(asyncio.gather(*(ask(i) for i in range(PEER_BIDI))),
+                                   TIMEOUT)
+            async with asyncio.timeout(TIMEOUT):
+                while c.request_streams().out_in_use or \
+                        sessions[0].request_streams().in_in_use:
+                    await asyncio.sleep(0.01)  # poll step: credit moves with no event here
+        assert silent.asked == 2 * PEER_BIDI  # the second round reached the server too
+    finally:
+        await asyncio.wait_for(c.aclose(), TIMEOUT)
+        await srv.close()

@@ -22,6 +22,7 @@ from relay.moqt.codes import (
     PublishDoneCode,
     StreamResetCode,
 )
+from relay.moqt.location_filter import resolve_fetch_range
 from relay.moqt.primitives import FullTrackName, Location, format_full_track_name
 from relay.moqt.range_filter import ObjectFilter
 from relay.session import (
@@ -161,6 +162,17 @@ class MarkerSpans:
         exist. Decided on what the stream carried, never on what the cache holds after it:
         an Object it delivered that the cache has evicted since is unknown, not absent."""
         return _gaps(start, end, self.delivered + self.unknown)
+
+
+def _fill_start(sub: Subscription) -> Location | None:
+    """Where the fill our upstream subscription ``sub`` asked for starts, resolved against
+    the Largest Object its SUBSCRIBE_OK reported, as its publisher resolved it (§9.6);
+    None: no fill asked, or nothing published then (no fill stream comes, §9.3)."""
+    fill = sub.params.fill
+    if fill is None:
+        return None
+    rng = resolve_fetch_range(fill.location_filter, sub.largest)
+    return rng.start if rng is not None and not rng.is_empty else None
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -304,7 +316,8 @@ class RelayTrack:
         self.attach_upstream(sub)
         seen_streams: set[int] = set()
         last: dict[int, ReceivedObject] = {}  # per subgroup stream, its last Object so far
-        fills: dict[int, MarkerSpans] = {}  # per fill stream (our fill starts at {0,0})
+        fills: dict[int, MarkerSpans] = {}  # per fill stream of ours (its start: fill_from)
+        fill_from = _fill_start(sub) or Location(0, 0)
         status: int | None = None
         reason = ""
         try:
@@ -315,15 +328,15 @@ class RelayTrack:
                         last[ev.stream.stream_id] = ev
                     if ev.stream.source is Source.FILL:
                         fills.setdefault(ev.stream.stream_id,
-                                         MarkerSpans(Location(0, 0))).object(ev.location)
+                                         MarkerSpans(fill_from)).object(ev.location)
                 elif isinstance(ev, StreamEnded):
                     sid = ev.stream.stream_id
                     seen_streams.discard(sid)
-                    spans = fills.pop(sid, MarkerSpans(Location(0, 0)))
+                    spans = fills.pop(sid, MarkerSpans(fill_from))
                     if ev.stream.source is Source.FILL and ev.fin and sub.largest is not None \
                             and sub.params.fill is not None:
-                        # our own fill request is {0,0}..L with no Range filters
-                        self.mark_absent(spans.absent(Location(0, 0), sub.largest))
+                        # our own fill request is fill_from..L with no Range filters
+                        self.mark_absent(spans.absent(fill_from, sub.largest))
                     if ev.stream.source is Source.SUBGROUP:
                         final = last.pop(sid, None)
                         header = ev.stream.header
@@ -338,7 +351,7 @@ class RelayTrack:
                 elif isinstance(ev, RangeMarker):
                     # an unknown span in the upstream fill stays unknown here
                     fills.setdefault(ev.stream.stream_id,
-                                     MarkerSpans(Location(0, 0))).marker(ev)
+                                     MarkerSpans(fill_from)).marker(ev)
                 if self.malformed:
                     sub.cancel(StreamResetCode.MALFORMED_TRACK)
                     status = PublishDoneCode.MALFORMED_TRACK
@@ -643,14 +656,16 @@ class RelayTrack:
 
     def _may_come_live(self, span: Span) -> bool:
         """Objects of ``span`` may still arrive on an upstream subscription: not if each one
-        is a Next Object subscription without fill whose start (its Largest Object when it
-        was answered) is at or past the span's end, as when a relay that held part of a
-        Track follows it live from there (it asks a fill only when it holds nothing)."""
+        is a Next Object subscription whose start (its Largest Object when it was answered)
+        is at or past the span's end and whose fill, if any, starts after it: a relay that
+        held part of a Track follows it live from there (it asks a fill only when it holds
+        nothing), and a cold one's fill starts where its first subscriber's did."""
         for sub in self.upstreams:
             lf = sub.params.location_filter
-            if sub.params.fill is None and lf is not None and \
-                    lf.type == LocationFilterType.NEXT_OBJECT and \
-                    sub.largest is not None and span.end <= sub.largest:
+            fill_from = _fill_start(sub)
+            if lf is not None and lf.type == LocationFilterType.NEXT_OBJECT and \
+                    sub.largest is not None and span.end <= sub.largest and \
+                    (fill_from is None or span.end < fill_from):
                 continue
             return True
         return False

@@ -17,7 +17,10 @@ moq-rs concepts on the wire (checked against the relay's view of its messages):
   it returns after SUBSCRIBE_OK. A second ``subscribe_track`` on the same session is served
   from moq-rs's own cache (no new SUBSCRIBE). ``Subscription.max_age_us`` is a consumer-side
   knob: with the default 0 a group overtaken by a newer one is skipped locally, so these
-  tests raise it.
+  tests raise it. Iterating a TrackConsumer (``next_group``) returns groups in sequence
+  order and never one that arrives after a newer one; ``groups_as_arrived`` returns all.
+* a moq-rs publisher answers a SUBSCRIBE's FILL_PARAMETERS of Relative Start 1 (the
+  current group) with a fill stream, and sends none for Absolute Start {0,0}.
 * ``fetch_group(name, g)`` sends a SUBSCRIBE first, then FETCH with LOCATION_FILTER 0x03
   (Absolute Start {g, 0} + Group End, delta 0), Ascending.
 """
@@ -428,13 +431,36 @@ async def test_kvcs_subscriber_fill_pulls_history_from_a_moqrs_publisher(
 # -- a tree: moq-rs publisher at A -> A -> R -> B -> moq-rs subscriber ------------------------
 
 
+async def tree(tmp_path: Path) -> tuple[RunningRelay, RunningRelay, RunningRelay]:
+    """R, and A and B under it (``--upstream R``)."""
+    r = await relay_at(tmp_path / "r")
+    a = await relay_at(tmp_path / "a", upstream=[r.url])
+    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    return r, a, b
+
+
+async def moq_in_sequence(tc: Any) -> tuple[Any, dict[int, list[bytes]]]:
+    """Start reading a moq-rs TrackConsumer as moq-rs applications do by default
+    (``next_group``: in sequence order, so a Group that arrives after a newer one is never
+    returned): its iterator, and the frames of the first Group it returns, read whole."""
+    groups = tc.__aiter__()
+    async with asyncio.timeout(TIMEOUT):
+        grp = await groups.__anext__()
+        return groups, {grp.sequence: [bytes(f.payload) async for f in grp]}
+
+
+async def moq_rest(groups: Any, got: dict[int, list[bytes]]) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        async for grp in groups:
+            assert grp.sequence not in got
+            got[grp.sequence] = [bytes(f.payload) async for f in grp]
+
+
 async def test_moqrs_publisher_at_one_relay_moqrs_subscriber_at_another(tmp_path: Path) -> None:
     """A announces the moq-rs broadcast up to R; B's moq-rs subscriber discovers it through
     R and gets every frame, routed B -> R -> A -> publisher (docs/relay.md, "Trees")."""
     sent = {g: [os.urandom(n) for n in (100, 2000, 30_000)] for g in range(3)}
-    r = await relay_at(tmp_path / "r")
-    a = await relay_at(tmp_path / "a", upstream=[r.url])
-    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    r, a, b = await tree(tmp_path)
     try:
         async with moq_client(a) as mpub, moq_client(b) as msub:
             bcast = mpub.create_broadcast("iop/tree")
@@ -458,6 +484,48 @@ async def test_moqrs_publisher_at_one_relay_moqrs_subscriber_at_another(tmp_path
     # one subscription per hop: B -> R -> A -> the publisher
     for x in (b, r, a):
         assert x.relay.counters.upstream_subscriptions == 1
+
+
+async def test_moqrs_publisher_and_subscriber_across_a_tree_join_mid_group(
+        tmp_path: Path) -> None:
+    """Issue 35 item 7 with moq-rs at both ends: nothing subscribed at A before B's moq-rs
+    subscriber joins in the middle of Group 2; the Track goes on at once. It gets Group 2
+    whole (its first frames from the fills, the rest live) and first, then Group 3. moq-rs
+    answers the relays' fill of the current Group (Relative Start 1) but not one from {0,0}:
+    with that, the current Group came from an upstream FETCH after in_flight_wait, behind
+    the next Group, and moq-rs dropped it."""
+    sent = {g: [os.urandom(200) + bytes([g, i]) for i in range(4)] for g in range(4)}
+    r, a, b = await tree(tmp_path)
+    try:
+        async with moq_client(a) as mpub, moq_client(b) as msub:
+            bcast = mpub.create_broadcast("iop/treemid")
+            track = bcast.publish_track("t0")
+            bcast.announce()
+            for g in (0, 1):
+                grp = track.append_group()
+                for p in sent[g]:
+                    grp.write_frame(p)
+                grp.finish()
+            current = track.append_group()
+            for p in sent[2][:2]:
+                current.write_frame(p)
+            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/treemid"), TIMEOUT)
+            tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            for p in sent[2][2:]:
+                current.write_frame(p)
+            current.finish()
+            grp = track.append_group()
+            for p in sent[3]:
+                grp.write_frame(p)
+            grp.finish()
+            groups, got = await moq_in_sequence(tc)
+            track.finish()
+            await moq_rest(groups, got)
+            del bcast
+    finally:
+        for x in (b, a, r):
+            await x.close()
+    assert got == {2: sent[2], 3: sent[3]}
 
 
 async def test_a_binary_namespace_does_not_break_moqrs_sessions(tmp_path: Path) -> None:

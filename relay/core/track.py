@@ -22,7 +22,7 @@ from relay.moqt.codes import (
     PublishDoneCode,
     StreamResetCode,
 )
-from relay.moqt.location_filter import resolve_fetch_range
+from relay.moqt.location_filter import resolve_fetch_range, resolve_subscription_range
 from relay.moqt.primitives import FullTrackName, Location, format_full_track_name
 from relay.moqt.range_filter import ObjectFilter
 from relay.session import (
@@ -50,6 +50,7 @@ from storage.interface import (
 from . import cache
 from .cache import status_object, stored_object
 from .counters import Counters
+from .scheduler import DEFAULT_PUBLISHER_PRIORITY
 
 if TYPE_CHECKING:
     from storage.tiered import TieredStore
@@ -340,9 +341,11 @@ class RelayTrack:
                     if ev.stream.source is Source.SUBGROUP:
                         final = last.pop(sid, None)
                         header = ev.stream.header
-                        if ev.fin and final is not None and header is not None and \
-                                header.end_of_group:
-                            self._group_ends_after(final)
+                        if ev.fin and header is not None and header.end_of_group:
+                            if final is not None:
+                                self._group_ends_after(final)
+                            else:
+                                self._group_ends_before_start(sub, header)
                         for f in list(self.forwarders):
                             f.stream_ended(sid, ev.fin)
                     self.maybe_commit()
@@ -405,6 +408,36 @@ class RelayTrack:
         except ConflictError as e:  # a larger Object of the Group is cached: §14.2
             log.warning("%r is malformed: %s", self, e)
             self.malformed = True
+        self._bump()
+
+    def _group_ends_before_start(self, sub: Subscription, header: Any) -> None:
+        """An empty subgroup stream flagged END_OF_GROUP and FINed: no Object of its Group
+        lies at or after the subscription's start (§11.2, §11.5). An upstream relay sends it
+        when its fill for us ended at an End of Group (Forwarder.announce_group_end), which
+        the fill stream cannot carry (§11.4). Cached as the End of Group Object it implies,
+        at the start (§14.1, as ``_group_ends_after``), and passed on to the subscribers
+        that joined at the same point, so the Group ends for them too down a tree."""
+        start = resolve_subscription_range(sub.params.location_filter, sub.largest).start
+        g = header.group_id
+        if sub.largest is None or start.group != g or start.object >= OBJECT_MAX:
+            return
+        final_loc = self.store.known_final(self.key)
+        if self.store.group_end(self.key, g) is not None or \
+                (final_loc is not None and start >= final_loc):
+            return  # known already: told to whoever joined since (_group_end_after_fill)
+        subgroup = header.subgroup_id or 0
+        prio = header.publisher_priority if header.publisher_priority is not None \
+            else DEFAULT_PUBLISHER_PRIORITY
+        try:
+            self.store.append(self.key, status_object(g, subgroup, start.object, prio,
+                                                      ObjectStatus.END_OF_GROUP))
+        except ConflictError as e:  # a larger Object of the Group is cached: §14.2
+            log.warning("%r is malformed: %s", self, e)
+            self.malformed = True
+            return
+        for f in list(self.forwarders):
+            if f.start.group == g and f.start >= start:
+                f.announce_group_end(g, subgroup, prio)
         self._bump()
 
     @property

@@ -428,7 +428,7 @@ async def test_kvcs_subscriber_fill_pulls_history_from_a_moqrs_publisher(
     assert by_group(got.objects) == sent
 
 
-# -- a tree: moq-rs publisher at A -> A -> R -> B -> moq-rs subscriber ------------------------
+# -- a tree: a publisher at A -> A -> R -> B -> a moq-rs subscriber --------------------------
 
 
 async def tree(tmp_path: Path) -> tuple[RunningRelay, RunningRelay, RunningRelay]:
@@ -439,11 +439,12 @@ async def tree(tmp_path: Path) -> tuple[RunningRelay, RunningRelay, RunningRelay
     return r, a, b
 
 
-async def moq_in_sequence(tc: Any) -> tuple[Any, dict[int, list[bytes]]]:
-    """Start reading a moq-rs TrackConsumer as moq-rs applications do by default
-    (``next_group``: in sequence order, so a Group that arrives after a newer one is never
-    returned): its iterator, and the frames of the first Group it returns, read whole."""
-    groups = tc.__aiter__()
+async def moq_first_arrival(tc: Any) -> tuple[Any, dict[int, list[bytes]]]:
+    """The first Group to reach a moq-rs TrackConsumer, read whole, and the iterator of
+    those after it. moq-rs applications read in sequence order by default (``next_group``),
+    which never returns a Group that arrives after a newer one: to reach them, the current
+    Group must arrive first. Later Groups travel on streams of their own, in any order."""
+    groups = tc.groups_as_arrived().__aiter__()
     async with asyncio.timeout(TIMEOUT):
         grp = await groups.__anext__()
         return groups, {grp.sequence: [bytes(f.payload) async for f in grp]}
@@ -452,7 +453,7 @@ async def moq_in_sequence(tc: Any) -> tuple[Any, dict[int, list[bytes]]]:
 async def moq_rest(groups: Any, got: dict[int, list[bytes]]) -> None:
     async with asyncio.timeout(TIMEOUT):
         async for grp in groups:
-            assert grp.sequence not in got
+            assert grp.sequence not in got, f"Group {grp.sequence} twice"
             got[grp.sequence] = [bytes(f.payload) async for f in grp]
 
 
@@ -486,11 +487,64 @@ async def test_moqrs_publisher_at_one_relay_moqrs_subscriber_at_another(tmp_path
         assert x.relay.counters.upstream_subscriptions == 1
 
 
+@pytest.mark.parametrize("join", ["group_boundary", "mid_group"])
+async def test_moqrs_subscriber_across_a_tree_gets_the_current_group_first(
+        tmp_path: Path, join: str) -> None:
+    """Issue 35 item 7: our publisher at A (A holds the history), a moq-rs subscriber joining
+    at B while the Track goes on. The current Group arrives first (read in sequence order,
+    moq-rs's default, it is not dropped) and whole before the Track ends, then every later
+    Group. Each cold relay on the way asks upstream for the fill its subscriber asked
+    (Relative Start 1), so only the current Group crosses the tree: with fills from {0,0}
+    the history crossed ahead of it and the next Group overtook it live. At a Group boundary
+    the End of Group at L reaches B as the empty END_OF_GROUP stream, passed on at each hop:
+    without it moq-rs kept the Group open until PUBLISH_DONE (docs/relay.md)."""
+    name = FullTrackName((b"iop", b"treelate"), b"t0")
+    history, layers = 6, 9
+    payload = {(g, i): os.urandom(32 << 10) + bytes([g, i]) for g in range(layers)
+               for i in range(4)}
+    current = history - 1 if join == "group_boundary" else history
+    r, a, b = await tree(tmp_path)
+    try:
+        pub = await client(a)
+        track = await push_track(pub, name, layers)
+        for g in range(history):
+            await track.group(g, [payload[g, i] for i in range(4)])
+        if join == "mid_group":
+            w = await track.served.open_subgroup(current, 0, track.priority(current))
+            for i in range(2):
+                await w.write_object(i, payload[current, i])
+            await wait_cached(a, name, Location(current, 1))
+        else:
+            await wait_cached(a, name, Location(current, 4))  # its End of Group
+        async with moq_client(b) as msub:
+            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/treelate"),
+                                              TIMEOUT)
+            tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            if join == "mid_group":
+                for i in range(2, 4):
+                    await w.write_object(i, payload[current, i])
+                await w.write_status(4, ObjectStatus.END_OF_GROUP, fin=True)
+            await track.group(current + 1, [payload[current + 1, i] for i in range(4)])
+            groups, got = await moq_first_arrival(tc)
+            assert list(got) == [current]
+            for g in range(current + 2, layers):
+                await track.group(g, [payload[g, i] for i in range(4)])
+            await track.end()
+            await moq_rest(groups, got)
+        await pub.aclose()
+    finally:
+        for x in (b, a, r):
+            await x.close()
+    assert got == {g: [payload[g, i] for i in range(4)] for g in range(current, layers)}
+    for x in (r, b):  # the current Group and what followed crossed the tree, no history
+        assert x.relay.counters.objects_received == 4 * (layers - current)
+
+
 async def test_moqrs_publisher_and_subscriber_across_a_tree_join_mid_group(
         tmp_path: Path) -> None:
     """Issue 35 item 7 with moq-rs at both ends: nothing subscribed at A before B's moq-rs
-    subscriber joins in the middle of Group 2; the Track goes on at once. It gets Group 2
-    whole (its first frames from the fills, the rest live) and first, then Group 3. moq-rs
+    subscriber joins in the middle of Group 2; the Track goes on at once. Group 2 arrives
+    first and whole (its first frames from the fills, the rest live), then Group 3. moq-rs
     answers the relays' fill of the current Group (Relative Start 1) but not one from {0,0}:
     with that, the current Group came from an upstream FETCH after in_flight_wait, behind
     the next Group, and moq-rs dropped it."""
@@ -518,7 +572,8 @@ async def test_moqrs_publisher_and_subscriber_across_a_tree_join_mid_group(
             for p in sent[3]:
                 grp.write_frame(p)
             grp.finish()
-            groups, got = await moq_in_sequence(tc)
+            groups, got = await moq_first_arrival(tc)
+            assert list(got) == [2]
             track.finish()
             await moq_rest(groups, got)
             del bcast

@@ -12,6 +12,7 @@ from relay_helpers import (
     TIMEOUT,
     client,
     drain,
+    fill_objects,
     group_payloads,
     live_params,
     make_ns,
@@ -24,20 +25,6 @@ from relay.core.relay import RelayOptions
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
-from relay.session import ReceivedObject, Source, StreamEnded, Subscription
-
-
-async def fill_objects(sub: Subscription) -> list[tuple[Location, bytes]]:
-    """The Objects of ``sub``'s fill stream, in the order they came, until its FIN."""
-    got: list[tuple[Location, bytes]] = []
-    async with asyncio.timeout(TIMEOUT):
-        async for ev in sub:
-            if isinstance(ev, ReceivedObject) and ev.stream.source is Source.FILL:
-                got.append((ev.location, bytes(ev.payload)))
-            elif isinstance(ev, StreamEnded) and ev.stream.source is Source.FILL:
-                assert ev.fin, ev
-                return got
-    raise AssertionError("the subscription ended before its fill")
 
 
 async def test_a_cold_relay_fills_upstream_from_where_its_subscriber_fills(

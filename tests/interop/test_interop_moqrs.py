@@ -79,6 +79,17 @@ async def moq_track(mpub: Any, msub: Any, path: str) -> tuple[Any, Any, Any]:
     return bcast, track, tc
 
 
+def moq_group(track: Any, frames: list[bytes], finish: bool = True) -> Any:
+    """Append a group of ``frames`` to a moq-rs TrackProducer (finished unless told not
+    to); its producer."""
+    grp = track.append_group()
+    for p in frames:
+        grp.write_frame(p)
+    if finish:
+        grp.finish()
+    return grp
+
+
 async def moq_groups(tc: Any) -> tuple[dict[int, list[bytes]], list[int]]:
     """Read a moq-rs TrackConsumer to its end: frames per group, and groups delivered twice."""
     groups: dict[int, list[bytes]] = {}
@@ -253,10 +264,7 @@ async def test_moqrs_fetches_groups_a_moqrs_publisher_pushed(tmp_path: Path) -> 
         async with moq_client(r) as mpub, moq_client(r) as msub:
             _bcast, track, _tc = await moq_track(mpub, msub, "iop/pushed")  # kept alive
             for g in sorted(sent):
-                grp = track.append_group()
-                for p in sent[g]:
-                    grp.write_frame(p)
-                grp.finish()
+                moq_group(track, sent[g])
             name = FullTrackName((b"iop", b"pushed"), b"t0")
             await wait_cached(r, name, Location(2, 2))
             assert {p.type for p in r.relay.tracks[name].properties} >= {0x08, 0x0E, 0x22}
@@ -406,18 +414,12 @@ async def test_kvcs_subscriber_fill_pulls_history_from_a_moqrs_publisher(
             track = bcast.publish_track("t0")
             bcast.announce()
             for g in (0, 1):  # published before anyone subscribed: only moq-rs has them
-                grp = track.append_group()
-                for p in sent[g]:
-                    grp.write_frame(p)
-                grp.finish()
+                moq_group(track, sent[g])
             ours = await client(r)
             await wait_namespace(ours, ns)
             sub = await asyncio.wait_for(ours.subscribe(ns, b"t0", live_params()), TIMEOUT)
             assert sub.largest == Location(1, 2)
-            grp = track.append_group()
-            for p in sent[2]:
-                grp.write_frame(p)
-            grp.finish()
+            moq_group(track, sent[2])
             track.finish()
             async with asyncio.timeout(TIMEOUT):
                 got = await drain(sub)
@@ -556,22 +558,14 @@ async def test_moqrs_publisher_and_subscriber_across_a_tree_join_mid_group(
             track = bcast.publish_track("t0")
             bcast.announce()
             for g in (0, 1):
-                grp = track.append_group()
-                for p in sent[g]:
-                    grp.write_frame(p)
-                grp.finish()
-            current = track.append_group()
-            for p in sent[2][:2]:
-                current.write_frame(p)
+                moq_group(track, sent[g])
+            current = moq_group(track, sent[2][:2], finish=False)
             consumer = await asyncio.wait_for(msub.announced_broadcast("iop/treemid"), TIMEOUT)
             tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
             for p in sent[2][2:]:
                 current.write_frame(p)
             current.finish()
-            grp = track.append_group()
-            for p in sent[3]:
-                grp.write_frame(p)
-            grp.finish()
+            moq_group(track, sent[3])
             groups, got = await moq_first_arrival(tc)
             assert list(got) == [2]
             track.finish()

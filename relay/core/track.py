@@ -397,18 +397,8 @@ class RelayTrack:
         Object (moq-rs). Only cached: live subscribers got the same FIN and flag."""
         if final.status != ObjectStatus.NORMAL or final.object_id >= OBJECT_MAX:
             return  # ended by its own status Object (or no room after it)
-        g, end = final.group, final.object_id + 1
-        final_loc = self.store.known_final(self.key)
-        if self.store.group_end(self.key, g) is not None or \
-                (final_loc is not None and Location(g, end) >= final_loc):
-            return
-        try:
-            self.store.append(self.key, status_object(g, final.subgroup, end, final.priority,
-                                                      ObjectStatus.END_OF_GROUP))
-        except ConflictError as e:  # a larger Object of the Group is cached: §14.2
-            log.warning("%r is malformed: %s", self, e)
-            self.malformed = True
-        self._bump()
+        self._cache_group_end(final.group, final.subgroup, final.object_id + 1,
+                              final.priority)
 
     def _group_ends_before_start(self, sub: Subscription, header: Any) -> None:
         """An empty subgroup stream flagged END_OF_GROUP and FINed: no Object of its Group
@@ -421,24 +411,32 @@ class RelayTrack:
         g = header.group_id
         if sub.largest is None or start.group != g or start.object >= OBJECT_MAX:
             return
-        final_loc = self.store.known_final(self.key)
-        if self.store.group_end(self.key, g) is not None or \
-                (final_loc is not None and start >= final_loc):
-            return  # known already: told to whoever joined since (_group_end_after_fill)
         subgroup = header.subgroup_id or 0
         prio = header.publisher_priority if header.publisher_priority is not None \
             else DEFAULT_PUBLISHER_PRIORITY
+        if not self._cache_group_end(g, subgroup, start.object, prio):
+            return  # known already: told to whoever joined since (_group_end_after_fill)
+        for f in list(self.forwarders):
+            if f.start.group == g and f.start >= start:
+                f.announce_group_end(g, subgroup, prio)
+
+    def _cache_group_end(self, g: int, subgroup: int, end: int, priority: int) -> bool:
+        """Cache an End of Group at {g, end} learned from a stream's END_OF_GROUP + FIN,
+        unless the Group's or the Track's end is known already; True if it was cached."""
+        final_loc = self.store.known_final(self.key)
+        if self.store.group_end(self.key, g) is not None or \
+                (final_loc is not None and Location(g, end) >= final_loc):
+            return False
         try:
-            self.store.append(self.key, status_object(g, subgroup, start.object, prio,
+            self.store.append(self.key, status_object(g, subgroup, end, priority,
                                                       ObjectStatus.END_OF_GROUP))
         except ConflictError as e:  # a larger Object of the Group is cached: §14.2
             log.warning("%r is malformed: %s", self, e)
             self.malformed = True
-            return
-        for f in list(self.forwarders):
-            if f.start.group == g and f.start >= start:
-                f.announce_group_end(g, subgroup, prio)
-        self._bump()
+            return False
+        finally:
+            self._bump()
+        return True
 
     @property
     def pending_commit(self) -> asyncio.Future[None] | None:

@@ -118,6 +118,17 @@ def _group_order(track: RelayTrack, *chosen: GroupOrder | None) -> GroupOrder:
     return GroupOrder.ASCENDING
 
 
+def _fill_filter(params: Params) -> LocationFilter | None:
+    """The Location filter of a request's fill (§9.2: its own, else the subscription's;
+    None: no fill asked, or the whole Track)."""
+    if params.fill is None:
+        return None
+    lf = params.fill.location_filter
+    if lf is None:
+        lf = params.location_filter
+    return None if lf is None or lf.type == LocationFilterType.NONE else lf
+
+
 def _props(track: RelayTrack, params: Params) -> tuple[Any, ...]:
     """The Track's Properties as received upstream, unless INCLUDE_PROPERTIES is 0 (§12)."""
     return () if params.include_properties is False else tuple(track.properties)
@@ -338,7 +349,9 @@ class RelayHandler(SessionHandler):
             await req.reject(RequestErrorCode.DOES_NOT_EXIST, "reserved namespace")
             return
         track = relay.track(req.full_name)
-        err = await relay.routing.ensure_upstream(track, reach=self.reach)
+        params = req.params
+        err = await relay.routing.ensure_upstream(track, reach=self.reach,
+                                                  fill=_fill_filter(params))
         ended = err is not None and track.store.known_final(track.key) is not None
         if err is not None and not ended:
             err = relay.routing.in_outage(track, err)
@@ -346,7 +359,6 @@ class RelayHandler(SessionHandler):
             await self._refuse(req, err.code, err.reason)
             return
         session = _moqt_session(req)
-        params = req.params
         # L, the live start and the Forwarder's registration happen with no await between
         # them, so no Object above L can be missed or sent twice (§9.6).
         largest = track.largest()
@@ -434,10 +446,7 @@ class RelayHandler(SessionHandler):
         subscription's, §9.4). Returns the fill's end, None if no fill stream was opened."""
         fill = params.fill
         assert fill is not None
-        lf = fill.location_filter if fill.location_filter is not None else params.location_filter
-        if lf is not None and lf.type == LocationFilterType.NONE:
-            lf = None
-        rng = resolve_fetch_range(lf, largest)
+        rng = resolve_fetch_range(_fill_filter(params), largest)
         if rng is None or rng.is_empty or rng.end is None:
             return None
         order = _group_order(track, fill.group_order, params.group_order)

@@ -56,6 +56,20 @@ CHILD_RETRY_FIRST = 0.5  # seconds before a lower relay's namespaces are asked f
 CHILD_RETRY_MAX = 5.0
 
 
+def upstream_fill(wanted: LocationFilter | None) -> LocationFilter:
+    """Where a cold relay's upstream fill starts: where the downstream fill that made it
+    subscribe starts (§14.5 step 5: that range or a wider one), open-ended since upstream
+    clips it to its L, which is the relay's L too. A subscriber that fills only the current
+    Group (Relative Start 1: moq-rs, the KVCS manifest) then waits for that Group alone,
+    not behind the whole history; {0,0} when nobody asked for a fill. Later subscribers
+    FETCH what lies before it."""
+    if wanted is not None and wanted.type == LocationFilterType.RELATIVE_START:
+        return LocationFilter.relative_start(wanted.start_group)
+    if wanted is not None and wanted.is_absolute:
+        return LocationFilter.absolute_start(wanted.start_group, wanted.start_object)
+    return LocationFilter.absolute_start(0, 0)
+
+
 class Routing:
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
@@ -142,10 +156,11 @@ class Routing:
         err = self.unreachable_error() if reach is not Reach.OWN else None
         return err or RequestRejected(RequestErrorCode.DOES_NOT_EXIST, "no publisher")
 
-    async def ensure_upstream(self, track: RelayTrack, *, reach: Reach = Reach.ALL
-                              ) -> RequestRejected | None:
+    async def ensure_upstream(self, track: RelayTrack, *, reach: Reach = Reach.ALL,
+                              fill: LocationFilter | None = None) -> RequestRejected | None:
         """One upstream subscription per Track (§14.4): reuse or establish it, from the
-        sources ``reach`` allows."""
+        sources ``reach`` allows. ``fill``: the Location filter of the downstream fill that
+        asks, which a cold relay's own fill starts from (``upstream_fill``)."""
         while track.establishing is not None:
             await asyncio.shield(track.establishing)
         if track.live:
@@ -161,7 +176,7 @@ class Routing:
             # our own choices, explicit so the upstream's defaults cannot change how we decode
             params = Params(location_filter=LocationFilter.next_object(), forward=True,
                             group_order=GroupOrder.ASCENDING,
-                            fill=Params(location_filter=LocationFilter.absolute_start(0, 0),
+                            fill=Params(location_filter=upstream_fill(fill),
                                         group_order=GroupOrder.ASCENDING)
                             if cold else None)
             for src in sources:

@@ -22,6 +22,7 @@ from relay.moqt.codes import (
     PublishDoneCode,
     StreamResetCode,
 )
+from relay.moqt.location_filter import resolve_fetch_range, resolve_subscription_range
 from relay.moqt.primitives import FullTrackName, Location, format_full_track_name
 from relay.moqt.range_filter import ObjectFilter
 from relay.session import (
@@ -49,6 +50,7 @@ from storage.interface import (
 from . import cache
 from .cache import status_object, stored_object
 from .counters import Counters
+from .scheduler import DEFAULT_PUBLISHER_PRIORITY
 
 if TYPE_CHECKING:
     from storage.tiered import TieredStore
@@ -161,6 +163,17 @@ class MarkerSpans:
         exist. Decided on what the stream carried, never on what the cache holds after it:
         an Object it delivered that the cache has evicted since is unknown, not absent."""
         return _gaps(start, end, self.delivered + self.unknown)
+
+
+def _fill_start(sub: Subscription) -> Location | None:
+    """Where the fill our upstream subscription ``sub`` asked for starts, resolved against
+    the Largest Object its SUBSCRIBE_OK reported, as its publisher resolved it (§9.6);
+    None: no fill asked, or nothing published then (no fill stream comes, §9.3)."""
+    fill = sub.params.fill
+    if fill is None:
+        return None
+    rng = resolve_fetch_range(fill.location_filter, sub.largest)
+    return rng.start if rng is not None and not rng.is_empty else None
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -304,7 +317,8 @@ class RelayTrack:
         self.attach_upstream(sub)
         seen_streams: set[int] = set()
         last: dict[int, ReceivedObject] = {}  # per subgroup stream, its last Object so far
-        fills: dict[int, MarkerSpans] = {}  # per fill stream (our fill starts at {0,0})
+        fills: dict[int, MarkerSpans] = {}  # per fill stream of ours (its start: fill_from)
+        fill_from = _fill_start(sub) or Location(0, 0)
         status: int | None = None
         reason = ""
         try:
@@ -315,21 +329,23 @@ class RelayTrack:
                         last[ev.stream.stream_id] = ev
                     if ev.stream.source is Source.FILL:
                         fills.setdefault(ev.stream.stream_id,
-                                         MarkerSpans(Location(0, 0))).object(ev.location)
+                                         MarkerSpans(fill_from)).object(ev.location)
                 elif isinstance(ev, StreamEnded):
                     sid = ev.stream.stream_id
                     seen_streams.discard(sid)
-                    spans = fills.pop(sid, MarkerSpans(Location(0, 0)))
+                    spans = fills.pop(sid, MarkerSpans(fill_from))
                     if ev.stream.source is Source.FILL and ev.fin and sub.largest is not None \
                             and sub.params.fill is not None:
-                        # our own fill request is {0,0}..L with no Range filters
-                        self.mark_absent(spans.absent(Location(0, 0), sub.largest))
+                        # our own fill request is fill_from..L with no Range filters
+                        self.mark_absent(spans.absent(fill_from, sub.largest))
                     if ev.stream.source is Source.SUBGROUP:
                         final = last.pop(sid, None)
                         header = ev.stream.header
-                        if ev.fin and final is not None and header is not None and \
-                                header.end_of_group:
-                            self._group_ends_after(final)
+                        if ev.fin and header is not None and header.end_of_group:
+                            if final is not None:
+                                self._group_ends_after(final)
+                            else:
+                                self._group_ends_before_start(sub, header)
                         for f in list(self.forwarders):
                             f.stream_ended(sid, ev.fin)
                     self.maybe_commit()
@@ -338,7 +354,7 @@ class RelayTrack:
                 elif isinstance(ev, RangeMarker):
                     # an unknown span in the upstream fill stays unknown here
                     fills.setdefault(ev.stream.stream_id,
-                                     MarkerSpans(Location(0, 0))).marker(ev)
+                                     MarkerSpans(fill_from)).marker(ev)
                 if self.malformed:
                     sub.cancel(StreamResetCode.MALFORMED_TRACK)
                     status = PublishDoneCode.MALFORMED_TRACK
@@ -381,18 +397,46 @@ class RelayTrack:
         Object (moq-rs). Only cached: live subscribers got the same FIN and flag."""
         if final.status != ObjectStatus.NORMAL or final.object_id >= OBJECT_MAX:
             return  # ended by its own status Object (or no room after it)
-        g, end = final.group, final.object_id + 1
+        self._cache_group_end(final.group, final.subgroup, final.object_id + 1,
+                              final.priority)
+
+    def _group_ends_before_start(self, sub: Subscription, header: Any) -> None:
+        """An empty subgroup stream flagged END_OF_GROUP and FINed: no Object of its Group
+        lies at or after the subscription's start (§11.2, §11.5). An upstream relay sends it
+        when its fill for us ended at an End of Group (Forwarder.announce_group_end), which
+        the fill stream cannot carry (§11.4). Cached as the End of Group Object it implies,
+        at the start (§14.1, as ``_group_ends_after``), and passed on to the subscribers
+        that joined at the same point, so the Group ends for them too down a tree."""
+        start = resolve_subscription_range(sub.params.location_filter, sub.largest).start
+        g = header.group_id
+        if sub.largest is None or start.group != g or start.object >= OBJECT_MAX:
+            return
+        subgroup = header.subgroup_id or 0
+        prio = header.publisher_priority if header.publisher_priority is not None \
+            else DEFAULT_PUBLISHER_PRIORITY
+        if not self._cache_group_end(g, subgroup, start.object, prio):
+            return  # known already: told to whoever joined since (_group_end_after_fill)
+        for f in list(self.forwarders):
+            if f.start.group == g and f.start >= start:
+                f.announce_group_end(g, subgroup, prio)
+
+    def _cache_group_end(self, g: int, subgroup: int, end: int, priority: int) -> bool:
+        """Cache an End of Group at {g, end} learned from a stream's END_OF_GROUP + FIN,
+        unless the Group's or the Track's end is known already; True if it was cached."""
         final_loc = self.store.known_final(self.key)
         if self.store.group_end(self.key, g) is not None or \
                 (final_loc is not None and Location(g, end) >= final_loc):
-            return
+            return False
         try:
-            self.store.append(self.key, status_object(g, final.subgroup, end, final.priority,
+            self.store.append(self.key, status_object(g, subgroup, end, priority,
                                                       ObjectStatus.END_OF_GROUP))
         except ConflictError as e:  # a larger Object of the Group is cached: §14.2
             log.warning("%r is malformed: %s", self, e)
             self.malformed = True
-        self._bump()
+            return False
+        finally:
+            self._bump()
+        return True
 
     @property
     def pending_commit(self) -> asyncio.Future[None] | None:
@@ -643,14 +687,16 @@ class RelayTrack:
 
     def _may_come_live(self, span: Span) -> bool:
         """Objects of ``span`` may still arrive on an upstream subscription: not if each one
-        is a Next Object subscription without fill whose start (its Largest Object when it
-        was answered) is at or past the span's end, as when a relay that held part of a
-        Track follows it live from there (it asks a fill only when it holds nothing)."""
+        is a Next Object subscription whose start (its Largest Object when it was answered)
+        is at or past the span's end and whose fill, if any, starts after it: a relay that
+        held part of a Track follows it live from there (it asks a fill only when it holds
+        nothing), and a cold one's fill starts where its first subscriber's did."""
         for sub in self.upstreams:
             lf = sub.params.location_filter
-            if sub.params.fill is None and lf is not None and \
-                    lf.type == LocationFilterType.NEXT_OBJECT and \
-                    sub.largest is not None and span.end <= sub.largest:
+            fill_from = _fill_start(sub)
+            if lf is not None and lf.type == LocationFilterType.NEXT_OBJECT and \
+                    sub.largest is not None and span.end <= sub.largest and \
+                    (fill_from is None or span.end < fill_from):
                 continue
             return True
         return False

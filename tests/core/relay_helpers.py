@@ -22,6 +22,7 @@ from relay.session import (
     NamespaceEvent,
     ReceivedObject,
     ServedSubscription,
+    Source,
     StreamEnded,
     Subscription,
     SubscriptionDone,
@@ -146,6 +147,19 @@ async def drain(sub: Subscription, until_end_of_track: bool = True) -> Received:
         elif isinstance(ev, SubscriptionDone):
             got.done = ev
     return got
+
+
+async def fill_objects(sub: Subscription) -> list[tuple[Location, bytes]]:
+    """The Objects of ``sub``'s fill stream, in the order they came, until its FIN."""
+    got: list[tuple[Location, bytes]] = []
+    async with asyncio.timeout(TIMEOUT):
+        async for ev in sub:
+            if isinstance(ev, ReceivedObject) and ev.stream.source is Source.FILL:
+                got.append((ev.location, bytes(ev.payload)))
+            elif isinstance(ev, StreamEnded) and ev.stream.source is Source.FILL:
+                assert ev.fin, ev
+                return got
+    raise AssertionError("the subscription ended before its fill")
 
 
 async def wait_cached(running: RunningRelay, name: FullTrackName, loc: Location) -> None:

@@ -13,6 +13,7 @@ from relay_helpers import (
     client,
     drain,
     fetch_objects,
+    fill_objects,
     group_payloads,
     live_params,
     make_ns,
@@ -837,19 +838,6 @@ async def test_a_pull_through_fetch_whose_source_dies_midway_ends_with_what_is_u
         await r.close()
 
 
-async def _fill_objects(sub: Subscription) -> list[tuple[Location, bytes]]:
-    """The Objects of ``sub``'s fill stream, in the order they came, until its FIN."""
-    got: list[tuple[Location, bytes]] = []
-    async with asyncio.timeout(TIMEOUT):
-        async for ev in sub:
-            if isinstance(ev, ReceivedObject) and ev.stream.source is Source.FILL:
-                got.append((ev.location, bytes(ev.payload)))
-            elif isinstance(ev, StreamEnded) and ev.stream.source is Source.FILL:
-                assert ev.fin, ev
-                return got
-    raise AssertionError("the subscription ended before its fill")
-
-
 async def test_the_groups_a_relay_lacks_are_asked_upstream_in_one_fetch(tmp_path: Path) -> None:
     """An edge relay that holds part of a Track asks its upstream for the rest in one FETCH
     per unknown run, not one per Group (a round trip per past layer), and serves it as it
@@ -877,7 +865,7 @@ async def test_the_groups_a_relay_lacks_are_asked_upstream_in_one_fetch(tmp_path
         sub = await asyncio.wait_for(c.subscribe(name.namespace, name.name, live_params()),
                                      TIMEOUT)
         assert sub.largest == Location(5, 3)
-        assert await _fill_objects(sub) == every  # in order, each once
+        assert await fill_objects(sub) == every  # in order, each once
         assert b.relay.counters.upstream_fetches == 2
         assert a.relay.counters.ok("FETCH") == 2
         track = b.relay.tracks[name]

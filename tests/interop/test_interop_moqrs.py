@@ -17,7 +17,10 @@ moq-rs concepts on the wire (checked against the relay's view of its messages):
   it returns after SUBSCRIBE_OK. A second ``subscribe_track`` on the same session is served
   from moq-rs's own cache (no new SUBSCRIBE). ``Subscription.max_age_us`` is a consumer-side
   knob: with the default 0 a group overtaken by a newer one is skipped locally, so these
-  tests raise it.
+  tests raise it. Iterating a TrackConsumer (``next_group``) returns groups in sequence
+  order and never one that arrives after a newer one; ``groups_as_arrived`` returns all.
+* a moq-rs publisher answers a SUBSCRIBE's FILL_PARAMETERS of Relative Start 1 (the
+  current group) with a fill stream, and sends none for Absolute Start {0,0}.
 * ``fetch_group(name, g)`` sends a SUBSCRIBE first, then FETCH with LOCATION_FILTER 0x03
   (Absolute Start {g, 0} + Group End, delta 0), Ascending.
 """
@@ -74,6 +77,17 @@ async def moq_track(mpub: Any, msub: Any, path: str) -> tuple[Any, Any, Any]:
     consumer = await asyncio.wait_for(msub.announced_broadcast(path), TIMEOUT)
     tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
     return bcast, track, tc
+
+
+def moq_group(track: Any, frames: list[bytes], finish: bool = True) -> Any:
+    """Append a group of ``frames`` to a moq-rs TrackProducer (finished unless told not
+    to); its producer."""
+    grp = track.append_group()
+    for p in frames:
+        grp.write_frame(p)
+    if finish:
+        grp.finish()
+    return grp
 
 
 async def moq_groups(tc: Any) -> tuple[dict[int, list[bytes]], list[int]]:
@@ -250,10 +264,7 @@ async def test_moqrs_fetches_groups_a_moqrs_publisher_pushed(tmp_path: Path) -> 
         async with moq_client(r) as mpub, moq_client(r) as msub:
             _bcast, track, _tc = await moq_track(mpub, msub, "iop/pushed")  # kept alive
             for g in sorted(sent):
-                grp = track.append_group()
-                for p in sent[g]:
-                    grp.write_frame(p)
-                grp.finish()
+                moq_group(track, sent[g])
             name = FullTrackName((b"iop", b"pushed"), b"t0")
             await wait_cached(r, name, Location(2, 2))
             assert {p.type for p in r.relay.tracks[name].properties} >= {0x08, 0x0E, 0x22}
@@ -403,18 +414,12 @@ async def test_kvcs_subscriber_fill_pulls_history_from_a_moqrs_publisher(
             track = bcast.publish_track("t0")
             bcast.announce()
             for g in (0, 1):  # published before anyone subscribed: only moq-rs has them
-                grp = track.append_group()
-                for p in sent[g]:
-                    grp.write_frame(p)
-                grp.finish()
+                moq_group(track, sent[g])
             ours = await client(r)
             await wait_namespace(ours, ns)
             sub = await asyncio.wait_for(ours.subscribe(ns, b"t0", live_params()), TIMEOUT)
             assert sub.largest == Location(1, 2)
-            grp = track.append_group()
-            for p in sent[2]:
-                grp.write_frame(p)
-            grp.finish()
+            moq_group(track, sent[2])
             track.finish()
             async with asyncio.timeout(TIMEOUT):
                 got = await drain(sub)
@@ -425,16 +430,40 @@ async def test_kvcs_subscriber_fill_pulls_history_from_a_moqrs_publisher(
     assert by_group(got.objects) == sent
 
 
-# -- a tree: moq-rs publisher at A -> A -> R -> B -> moq-rs subscriber ------------------------
+# -- a tree: a publisher at A -> A -> R -> B -> a moq-rs subscriber --------------------------
+
+
+async def tree(tmp_path: Path) -> tuple[RunningRelay, RunningRelay, RunningRelay]:
+    """R, and A and B under it (``--upstream R``)."""
+    r = await relay_at(tmp_path / "r")
+    a = await relay_at(tmp_path / "a", upstream=[r.url])
+    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    return r, a, b
+
+
+async def moq_first_arrival(tc: Any) -> tuple[Any, dict[int, list[bytes]]]:
+    """The first Group to reach a moq-rs TrackConsumer, read whole, and the iterator of
+    those after it. moq-rs applications read in sequence order by default (``next_group``),
+    which never returns a Group that arrives after a newer one: to reach them, the current
+    Group must arrive first. Later Groups travel on streams of their own, in any order."""
+    groups = tc.groups_as_arrived().__aiter__()
+    async with asyncio.timeout(TIMEOUT):
+        grp = await groups.__anext__()
+        return groups, {grp.sequence: [bytes(f.payload) async for f in grp]}
+
+
+async def moq_rest(groups: Any, got: dict[int, list[bytes]]) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        async for grp in groups:
+            assert grp.sequence not in got, f"Group {grp.sequence} twice"
+            got[grp.sequence] = [bytes(f.payload) async for f in grp]
 
 
 async def test_moqrs_publisher_at_one_relay_moqrs_subscriber_at_another(tmp_path: Path) -> None:
     """A announces the moq-rs broadcast up to R; B's moq-rs subscriber discovers it through
     R and gets every frame, routed B -> R -> A -> publisher (docs/relay.md, "Trees")."""
     sent = {g: [os.urandom(n) for n in (100, 2000, 30_000)] for g in range(3)}
-    r = await relay_at(tmp_path / "r")
-    a = await relay_at(tmp_path / "a", upstream=[r.url])
-    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    r, a, b = await tree(tmp_path)
     try:
         async with moq_client(a) as mpub, moq_client(b) as msub:
             bcast = mpub.create_broadcast("iop/tree")
@@ -458,6 +487,94 @@ async def test_moqrs_publisher_at_one_relay_moqrs_subscriber_at_another(tmp_path
     # one subscription per hop: B -> R -> A -> the publisher
     for x in (b, r, a):
         assert x.relay.counters.upstream_subscriptions == 1
+
+
+@pytest.mark.parametrize("join", ["group_boundary", "mid_group"])
+async def test_moqrs_subscriber_across_a_tree_gets_the_current_group_first(
+        tmp_path: Path, join: str) -> None:
+    """Issue 35 item 7: our publisher at A (A holds the history), a moq-rs subscriber joining
+    at B while the Track goes on. The current Group arrives first (read in sequence order,
+    moq-rs's default, it is not dropped) and whole before the Track ends, then every later
+    Group. Each cold relay on the way asks upstream for the fill its subscriber asked
+    (Relative Start 1), so only the current Group crosses the tree: with fills from {0,0}
+    the history crossed ahead of it and the next Group overtook it live. At a Group boundary
+    the End of Group at L reaches B as the empty END_OF_GROUP stream, passed on at each hop:
+    without it moq-rs kept the Group open until PUBLISH_DONE (docs/relay.md)."""
+    name = FullTrackName((b"iop", b"treelate"), b"t0")
+    history, layers = 6, 9
+    payload = {(g, i): os.urandom(32 << 10) + bytes([g, i]) for g in range(layers)
+               for i in range(4)}
+    current = history - 1 if join == "group_boundary" else history
+    r, a, b = await tree(tmp_path)
+    try:
+        pub = await client(a)
+        track = await push_track(pub, name, layers)
+        for g in range(history):
+            await track.group(g, [payload[g, i] for i in range(4)])
+        if join == "mid_group":
+            w = await track.served.open_subgroup(current, 0, track.priority(current))
+            for i in range(2):
+                await w.write_object(i, payload[current, i])
+            await wait_cached(a, name, Location(current, 1))
+        else:
+            await wait_cached(a, name, Location(current, 4))  # its End of Group
+        async with moq_client(b) as msub:
+            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/treelate"),
+                                              TIMEOUT)
+            tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            if join == "mid_group":
+                for i in range(2, 4):
+                    await w.write_object(i, payload[current, i])
+                await w.write_status(4, ObjectStatus.END_OF_GROUP, fin=True)
+            await track.group(current + 1, [payload[current + 1, i] for i in range(4)])
+            groups, got = await moq_first_arrival(tc)
+            assert list(got) == [current]
+            for g in range(current + 2, layers):
+                await track.group(g, [payload[g, i] for i in range(4)])
+            await track.end()
+            await moq_rest(groups, got)
+        await pub.aclose()
+    finally:
+        for x in (b, a, r):
+            await x.close()
+    assert got == {g: [payload[g, i] for i in range(4)] for g in range(current, layers)}
+    for x in (r, b):  # the current Group and what followed crossed the tree, no history
+        assert x.relay.counters.objects_received == 4 * (layers - current)
+
+
+async def test_moqrs_publisher_and_subscriber_across_a_tree_join_mid_group(
+        tmp_path: Path) -> None:
+    """Issue 35 item 7 with moq-rs at both ends: nothing subscribed at A before B's moq-rs
+    subscriber joins in the middle of Group 2; the Track goes on at once. Group 2 arrives
+    first and whole (its first frames from the fills, the rest live), then Group 3. moq-rs
+    answers the relays' fill of the current Group (Relative Start 1) but not one from {0,0}:
+    with that, the current Group came from an upstream FETCH after in_flight_wait, behind
+    the next Group, and moq-rs dropped it."""
+    sent = {g: [os.urandom(200) + bytes([g, i]) for i in range(4)] for g in range(4)}
+    r, a, b = await tree(tmp_path)
+    try:
+        async with moq_client(a) as mpub, moq_client(b) as msub:
+            bcast = mpub.create_broadcast("iop/treemid")
+            track = bcast.publish_track("t0")
+            bcast.announce()
+            for g in (0, 1):
+                moq_group(track, sent[g])
+            current = moq_group(track, sent[2][:2], finish=False)
+            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/treemid"), TIMEOUT)
+            tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            for p in sent[2][2:]:
+                current.write_frame(p)
+            current.finish()
+            moq_group(track, sent[3])
+            groups, got = await moq_first_arrival(tc)
+            assert list(got) == [2]
+            track.finish()
+            await moq_rest(groups, got)
+            del bcast
+    finally:
+        for x in (b, a, r):
+            await x.close()
+    assert got == {2: sent[2], 3: sent[3]}
 
 
 async def test_a_binary_namespace_does_not_break_moqrs_sessions(tmp_path: Path) -> None:

@@ -50,6 +50,7 @@ class _RelayProcess:
         self.extra = extra
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
+        self.metrics_port: int | None = None  # with "--metrics-listen 127.0.0.1:0" in extra
 
     async def __aenter__(self) -> _RelayProcess:
         self.proc = await asyncio.create_subprocess_exec(
@@ -67,6 +68,8 @@ class _RelayProcess:
                 m = re.search(r"ready on moqt://127\.0\.0\.1:(\d+)/", line)
                 if m:
                     self.port = int(m.group(1))
+                    metrics = re.search(r"metrics=127\.0\.0\.1:(\d+)", line)
+                    self.metrics_port = int(metrics.group(1)) if metrics else None
                     break
         self._drainer = asyncio.ensure_future(self._drain())
         return self

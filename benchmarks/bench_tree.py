@@ -11,8 +11,14 @@
   them (a watcher's NAMESPACE count at R), and the worst TRACK_STATUS round trip at A
   meanwhile (its sessions must not stall), against the same round trip on an idle A.
 
+* **Scale** (benchmarks/_tree_scale.py): N consumers with distinct prompts through one edge,
+  N scopes at a lower relay (N = BENCH_TREE_SCALE, 1,000 by default; 10,000 for the full
+  run): every fetch served, the last tenth against the first, announcing time, root memory,
+  request streams in use.
+
 Run: ``python -m benchmarks tree`` (BENCH_TREE_BACKENDS, BENCH_TREE_LAYERS, BENCH_TREE_BLOCKS,
-BENCH_TREE_PUBLICATIONS change it).
+BENCH_TREE_PUBLICATIONS, BENCH_TREE_SCALE change it; BENCH_TREE_SECTIONS=flow or =scale runs
+one section).
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _tree_scale
 from benchmarks._report import report
+from benchmarks._tree_scale import announced
 from benchmarks.bench_relay import OBJECT, _client, _RelayProcess, _subscriber, fan_out
 from relay.moqt.codes import ObjectStatus
 from relay.moqt.primitives import FullTrackName
@@ -35,21 +43,6 @@ from storage.interface import StoredObject
 from storage.lmdb_store import LmdbStore
 
 SIZE = 1200
-
-
-async def _announced(session: MoqtSession, prefix: tuple[bytes, ...], want: int,
-                     timeout: float = 120.0) -> float:
-    """Seconds until ``want`` namespaces under ``prefix`` were announced on ``session``."""
-    nsub = await session.subscribe_namespace(prefix)
-    t0 = time.perf_counter()
-    seen: set[tuple[bytes, ...]] = set()
-    async with asyncio.timeout(timeout):
-        async for ev in nsub:
-            if ev.active:
-                seen.add(ev.namespace)
-                if len(seen) >= want:
-                    break
-    return time.perf_counter() - t0
 
 
 async def _publish(session: MoqtSession, name: FullTrackName, layers: int, blocks: int,
@@ -92,7 +85,7 @@ async def tree_live(tmp: Path, layers: int, blocks: int, backend: str) -> tuple[
             await pub.publish_namespace(name.namespace)
             served = await pub.publish(name.namespace, name.name)
             watcher = await _client(b, SIZE)
-            await _announced(watcher, name.namespace[:2], 1, 30)  # routable from B
+            await announced(watcher, name.namespace[:2], 1, 30)  # routable from B
             proc = await _subscriber(b, name, total)
             try:
                 cpu0 = _cpu(r, a, b)
@@ -130,7 +123,7 @@ async def first_layer(tmp: Path, layers: int, blocks: int, backend: str, push: b
             pub = await _client(a, SIZE)
             await _publish(pub, name, layers, blocks, payload, end=True)
             c = await _client(b, SIZE)
-            await _announced(c, name.namespace[:2], 1, 30)
+            await announced(c, name.namespace[:2], 1, 30)
             if push:  # the push has reached R: B's first FETCH finds it there
                 probe = await _client(r, SIZE)
                 for _ in range(200):
@@ -177,7 +170,7 @@ async def announce_scale(tmp: Path, publications: int, backend: str) -> dict[str
     scope = _seed_lmdb(tmp / "a", publications)
     async with _RelayProcess(tmp / "r", SIZE, backend) as r:
         watcher = await _client(r, SIZE)
-        counting = asyncio.ensure_future(_announced(watcher, scope, publications, 300))
+        counting = asyncio.ensure_future(announced(watcher, scope, publications, 300))
         up = ("--upstream", r.url, "--upstream-ca", str(r.certfile))
         t0 = time.perf_counter()
         async with _RelayProcess(tmp / "a", SIZE, backend, up) as a:
@@ -205,12 +198,18 @@ async def announce_scale(tmp: Path, publications: int, backend: str) -> dict[str
             "idle_rtt_ms": statistics.median(idle) * 1000}
 
 
-async def _run(backends: list[str], layers: int, blocks: int, publications: int
-               ) -> list[list[Any]]:
+async def _run(backends: list[str], layers: int, blocks: int, publications: int,
+               scale: int, sections: set[str]) -> list[list[Any]]:
     rows: list[list[Any]] = []
     with tempfile.TemporaryDirectory() as d:
         for backend in backends:
             tmp = Path(d) / backend
+            if "scale" in sections:
+                con = await _tree_scale.consumers(tmp / "consumers", scale, backend)
+                sc = await _tree_scale.scopes(tmp / "scopes", scale, backend)
+                rows += _tree_scale.rows(backend, scale, con, sc)
+            if "flow" not in sections:
+                continue
             one, *_ = await fan_out(tmp / "one", SIZE, layers, blocks, 1, backend)
             tree, cores = await tree_live(tmp / "tree", layers, blocks, backend)
             rows.append([backend, "1->1 one relay (baseline)", round(one, 1), "MB/s", ""])
@@ -246,12 +245,15 @@ def main() -> None:
     layers = int(os.environ.get("BENCH_TREE_LAYERS", "8"))
     blocks = int(os.environ.get("BENCH_TREE_BLOCKS", "64"))
     publications = int(os.environ.get("BENCH_TREE_PUBLICATIONS", "10000"))
-    rows = asyncio.run(_run(backends, layers, blocks, publications))
+    scale = int(os.environ.get("BENCH_TREE_SCALE", "1000"))
+    sections = set(os.environ.get("BENCH_TREE_SECTIONS", "flow,scale").split(","))
+    rows = asyncio.run(_run(backends, layers, blocks, publications, scale, sections))
     report("tree", ["backend", "case", "value", "unit", "ratio"], rows,
            extra={"layers": layers, "blocks": blocks, "object_bytes": OBJECT,
-                  "max_datagram_size": SIZE, "publications": publications,
+                  "max_datagram_size": SIZE, "publications": publications, "scale": scale,
                   "note": "ratio: tree / one relay (throughput), pushed / pulled (times), "
-                          "worst / idle (round trips); every relay its own process"})
+                          "worst / idle (round trips), last tenth / first tenth (scale); "
+                          "every relay its own process"})
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 LINKS = ("upstream", "sibling", "lower_relay", "client")
 
 
-def _request_streams(relay: Relay) -> Metric:
+def request_streams_metric(relay: Relay) -> Metric:
     """Request streams per kind of link and direction (``out``: this relay's requests,
     bounded by what the peers grant; ``in``: the peers', bounded by what this relay grants),
     in use and granted, summed over the sessions of that kind."""
@@ -180,7 +180,7 @@ class RelayCollector(Collector):
                               "this relay's own listeners.")
         g.add_metric([], len(held.held) if held is not None else 0)
         yield g
-        yield _request_streams(relay)
+        yield request_streams_metric(relay)
         yield _counter("upstream_pushes", "Tracks pushed to the upstream relay (PUBLISH).",
                        c.upstream_pushes)
         yield _counter("upstream_pushes_failed", "Pushes to the upstream relay that could "

@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 from relay_helpers import TIMEOUT, client, make_ns, relay_at
 
+from relay.admin import links_state
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
 from relay.moqt.codes import ObjectStatus
+from relay.metrics import request_streams_metric
 from relay.moqt.primitives import FullTrackName, Location
 from relay.peers.connect import RelayAccess
 from relay.peers.errors import EXIT_OK
@@ -38,6 +40,14 @@ async def _until(cond: object, what: str) -> None:
         while not cond():  # type: ignore[operator]
             await asyncio.sleep(0.01)  # poll step: stream credit moves with no event here
     assert cond(), what  # type: ignore[operator]
+
+
+def _gauge(r: RunningRelay, link: str, direction: str, state: str) -> float:
+    """A sample of kvcs_relay_request_streams as the relay's /metrics reports it."""
+    metric = request_streams_metric(r.relay)
+    [value] = [s.value for s in metric.samples
+               if s.labels == {"link": link, "direction": direction, "state": state}]
+    return value
 
 
 def _out_in_use(session: MoqtSession | None) -> int:
@@ -81,6 +91,14 @@ async def test_consumers_at_an_edge_ask_hundreds_of_prefixes_and_give_them_back(
         [b_at_r] = [x for x in r.relay.sessions if r.relay.routing.is_tree_relay(x)]
         await _until(lambda: b_at_r.request_streams().in_in_use == baseline,
                      "R holds no more of B's requests than before")
+        # as reported: B's /metrics and /admin/state, R's /metrics from its side
+        [upstream] = [e for e in links_state(b.relay) if e["link"] == "upstream"]
+        assert upstream["requests_out"]["in_use"] == baseline
+        assert upstream["namespace_subscriptions"] == []
+        assert upstream["requests_out"]["granted"] >= 100
+        assert _gauge(b, "upstream", "out", "in_use") == baseline
+        assert _gauge(r, "lower_relay", "in", "in_use") == baseline
+        assert _gauge(r, "lower_relay", "in", "granted") >= 100
     finally:
         await b.close()
         await r.close()

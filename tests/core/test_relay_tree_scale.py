@@ -14,8 +14,8 @@ from relay_helpers import TIMEOUT, client, make_ns, relay_at
 from relay.admin import links_state
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
-from relay.moqt.codes import ObjectStatus
 from relay.metrics import request_streams_metric
+from relay.moqt.codes import ObjectStatus
 from relay.moqt.primitives import FullTrackName, Location
 from relay.peers.connect import RelayAccess
 from relay.peers.errors import EXIT_OK

@@ -12,6 +12,7 @@ import numpy as np
 from relay_helpers import TIMEOUT, client, make_ns, relay_at
 
 from relay.admin import links_state
+from relay.core.relay import RelayOptions
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
 from relay.metrics import request_streams_metric
@@ -22,7 +23,8 @@ from relay.peers.errors import EXIT_OK
 from relay.peers.publisher import PublishOptions, publish_plan
 from relay.peers.subscriber import RetrieveOptions, retrieve
 from relay.service import RunningRelay
-from relay.session import MoqtSession
+from relay.session import Connection, IncomingPublishNamespace, MoqtSession, SessionHandler
+from relay.transport import ensure_self_signed, serve
 
 SCOPE_KEY = bytes(range(32))
 BLOCK_TOKENS = 4
@@ -212,3 +214,44 @@ async def test_a_wider_prefix_takes_over_narrower_ones_at_the_upstream(
     finally:
         await b.close()
         await r.close()
+
+
+class _AnswersTheSecondTime(SessionHandler):
+    """An upstream that never answers the first PUBLISH_NAMESPACE (no stream credit, a lost
+    packet, a busy relay: the announcement times out), and accepts the next one."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.accepted = asyncio.Event()
+
+    async def publish_namespace(self, req: IncomingPublishNamespace) -> None:
+        self.asked += 1
+        if self.asked == 1:
+            await asyncio.Event().wait()  # never: the lower relay gives it up
+        await req.accept()
+        self.accepted.set()
+        await req.withdrawn.wait()
+
+
+async def test_an_announcement_that_failed_is_sent_again(tmp_path: Path) -> None:
+    upstream = _AnswersTheSecondTime()
+
+    async def on_conn(conn: Connection) -> None:
+        s = await MoqtSession.start(conn, None, upstream)
+        await s.wait_closed()
+
+    tls = ensure_self_signed(tmp_path / "tls")
+    srv = await serve("127.0.0.1", 0, tls.certfile, tls.keyfile, on_conn)
+    a = await relay_at(tmp_path / "a", upstream=[f"moqt://127.0.0.1:{srv.port}/"],
+                       options=RelayOptions(default_fill_timeout=0.3))
+    try:
+        pub = await client(a)
+        await asyncio.wait_for(pub.publish_namespace(make_ns()), TIMEOUT)
+        await asyncio.wait_for(upstream.accepted.wait(), TIMEOUT)
+        assert upstream.asked == 2 and a.relay.counters.upstream_announcements_retried == 1
+        ann = a.relay.announcer
+        assert ann is not None
+        await _until(lambda: ann.announced == [(b"kvcs-1",)], "announced on the retry")
+    finally:
+        await a.close()
+        await srv.close()

@@ -7,6 +7,9 @@ between two relays are a bounded resource (a qh3 peer grants 100 at once).
   R, run the consumer's discovery (``relay.peers.discovery.discover``: 16 prefixes each, asked
   of R by B) and FETCH the publication found. Every fetch must be served, and the last tenth
   as fast as the first (within 1.2x); B's link to R holds afterwards what it held before.
+* **Depth 4**: a Track of BENCH_TREE_DEEP_MIB MiB (1,024 by default) published at a leaf four
+  levels down, FETCHed at a relay under the root (five relays on the path), against the same
+  FETCH at the leaf itself.
 * **N scopes at a lower relay**: A restarts holding N publications, each in its own scope,
   in LMDB under a running R: the time until R knows all N, R's resident memory, then
   discovery and FETCH at a sibling S for a sample of the first and of the last tenth.
@@ -214,13 +217,79 @@ async def scopes(tmp: Path, n: int, backend: str) -> dict[str, Any]:
             "fetch_last_ms": statistics.median(x[1] for x in lasts)}
 
 
+DEEP_OBJECT = 256 * 1024  # one token block of a large model's layer
+
+
+async def _fetch_mb_s(r: _RelayProcess, ns: TrackNamespace, name: bytes, total: int) -> float:
+    """MB/s of one FETCH of the whole Track at ``r``, to its last Object."""
+    c = await _client(r, SIZE)
+    try:
+        t0 = time.perf_counter()
+        resp = await asyncio.wait_for(c.fetch(ns, name), 600)
+        got = 0
+        async with asyncio.timeout(600):
+            async for ev in resp:
+                payload = getattr(ev, "payload", None)
+                if payload is not None:
+                    got += len(payload)
+        took = time.perf_counter() - t0
+    finally:
+        await c.aclose(drain=0)
+    assert got == total, (got, total)
+    return total / took / 1e6
+
+
+async def deep(tmp: Path, mib: int, backend: str) -> dict[str, float]:
+    """A Track of ``mib`` MiB published at a leaf L four levels down (R <- M1 <- M2 <- L),
+    FETCHed at S, a relay under R (pulled S <- R <- M1 <- M2 <- L), against the same FETCH
+    at L itself (one relay, same run)."""
+    ns = (b"kvcs-1", os.urandom(32), b"bench-deep")
+    name = b"k.raw.s0"
+    blocks = 64
+    layers = max(1, mib * (1 << 20) // (blocks * DEEP_OBJECT))
+    total = layers * blocks * DEEP_OBJECT
+    payload = os.urandom(DEEP_OBJECT)
+    async with _RelayProcess(tmp / "r", SIZE, backend) as r:
+        up_r = ("--upstream", r.url, "--upstream-ca", str(r.certfile))
+        async with _RelayProcess(tmp / "m1", SIZE, backend, up_r) as m1:
+            up_m1 = ("--upstream", m1.url, "--upstream-ca", str(m1.certfile))
+            async with _RelayProcess(tmp / "m2", SIZE, backend, up_m1) as m2:
+                up_m2 = ("--upstream", m2.url, "--upstream-ca", str(m2.certfile))
+                async with _RelayProcess(tmp / "l", SIZE, backend, up_m2) as leaf, \
+                        _RelayProcess(tmp / "s", SIZE, backend, up_r) as s:
+                    pub = await _client(leaf, SIZE)
+                    await pub.publish_namespace(ns)
+                    served = await pub.publish(ns, name)
+                    for g in range(layers):
+                        w = await served.open_subgroup(g, 0, (128 * g) // layers)
+                        for i in range(blocks):
+                            await w.write_object(i, payload)
+                        await w.write_status(blocks, ObjectStatus.END_OF_GROUP, fin=True)
+                    w = await served.open_subgroup(layers, 0, 128)
+                    await w.write_status(0, ObjectStatus.END_OF_TRACK, fin=True)
+                    await served.done()
+                    watcher = await _client(s, SIZE)
+                    await announced(watcher, ns, 1, 60)  # routable from S
+                    await watcher.aclose()
+                    one = await _fetch_mb_s(leaf, ns, name, total)
+                    tree = await _fetch_mb_s(s, ns, name, total)
+                    await pub.aclose()
+    return {"mib": total / (1 << 20), "one_mb_s": one, "tree_mb_s": tree}
+
+
 def _ratio(a: float, b: float) -> float | str:
     return round(a / b, 2) if b else ""
 
 
-def rows(backend: str, n: int, con: dict[str, Any], sc: dict[str, Any]) -> list[list[Any]]:
-    """The scale section's rows of the tree table (ratio: last tenth / first tenth)."""
+def rows(backend: str, n: int, con: dict[str, Any], sc: dict[str, Any],
+         dp: dict[str, float]) -> list[list[Any]]:
+    """The scale section's rows of the tree table (ratio: last tenth / first tenth; depth:
+    tree / one relay)."""
     return [
+        [backend, f"FETCH of {dp['mib']:.0f} MiB at L itself (one relay, baseline)",
+         round(dp["one_mb_s"], 1), "MB/s", ""],
+        [backend, "... at S, pulled through depth 4 (S <- R <- M1 <- M2 <- L)",
+         round(dp["tree_mb_s"], 1), "MB/s", _ratio(dp["tree_mb_s"], dp["one_mb_s"])],
         [backend, f"{n} consumers at edge B, distinct prompts: fetches served",
          f"{con['served']} of {n}", f"({con['prefixes']} prefixes asked of R)", ""],
         [backend, "... all of them, 8 at a time", round(con["wall_s"], 1), "s", ""],

@@ -12,13 +12,13 @@
   meanwhile (its sessions must not stall), against the same round trip on an idle A.
 
 * **Scale** (benchmarks/_tree_scale.py): N consumers with distinct prompts through one edge,
-  N scopes at a lower relay (N = BENCH_TREE_SCALE, 1,000 by default; 10,000 for the full
-  run): every fetch served, the last tenth against the first, announcing time, root memory,
-  request streams in use.
+  a Track pulled through depth 4, N scopes at a lower relay (N = BENCH_TREE_SCALE, 1,000 by
+  default; 10,000 for the full run): every fetch served, the last tenth against the first,
+  announcing time, root memory, request streams in use.
 
 Run: ``python -m benchmarks tree`` (BENCH_TREE_BACKENDS, BENCH_TREE_LAYERS, BENCH_TREE_BLOCKS,
-BENCH_TREE_PUBLICATIONS, BENCH_TREE_SCALE change it; BENCH_TREE_SECTIONS=flow or =scale runs
-one section).
+BENCH_TREE_PUBLICATIONS, BENCH_TREE_SCALE, BENCH_TREE_DEEP_MIB change it;
+BENCH_TREE_SECTIONS=flow or =scale runs one section).
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ async def announce_scale(tmp: Path, publications: int, backend: str) -> dict[str
 
 
 async def _run(backends: list[str], layers: int, blocks: int, publications: int,
-               scale: int, sections: set[str]) -> list[list[Any]]:
+               scale: int, deep_mib: int, sections: set[str]) -> list[list[Any]]:
     rows: list[list[Any]] = []
     with tempfile.TemporaryDirectory() as d:
         for backend in backends:
@@ -207,7 +207,8 @@ async def _run(backends: list[str], layers: int, blocks: int, publications: int,
             if "scale" in sections:
                 con = await _tree_scale.consumers(tmp / "consumers", scale, backend)
                 sc = await _tree_scale.scopes(tmp / "scopes", scale, backend)
-                rows += _tree_scale.rows(backend, scale, con, sc)
+                dp = await _tree_scale.deep(tmp / "deep", deep_mib, backend)
+                rows += _tree_scale.rows(backend, scale, con, sc, dp)
             if "flow" not in sections:
                 continue
             one, *_ = await fan_out(tmp / "one", SIZE, layers, blocks, 1, backend)
@@ -247,10 +248,13 @@ def main() -> None:
     publications = int(os.environ.get("BENCH_TREE_PUBLICATIONS", "10000"))
     scale = int(os.environ.get("BENCH_TREE_SCALE", "1000"))
     sections = set(os.environ.get("BENCH_TREE_SECTIONS", "flow,scale").split(","))
-    rows = asyncio.run(_run(backends, layers, blocks, publications, scale, sections))
+    deep_mib = int(os.environ.get("BENCH_TREE_DEEP_MIB", "1024"))
+    rows = asyncio.run(_run(backends, layers, blocks, publications, scale, deep_mib,
+                            sections))
     report("tree", ["backend", "case", "value", "unit", "ratio"], rows,
            extra={"layers": layers, "blocks": blocks, "object_bytes": OBJECT,
                   "max_datagram_size": SIZE, "publications": publications, "scale": scale,
+                  "deep_mib": deep_mib,
                   "note": "ratio: tree / one relay (throughput), pushed / pulled (times), "
                           "worst / idle (round trips), last tenth / first tenth (scale); "
                           "every relay its own process"})

@@ -135,9 +135,9 @@ class RelayHandler(SessionHandler):
     def sibling(self) -> bool:
         return self.reach is Reach.NO_SIBLINGS
 
-    def _fetch_upstream(self, track: RelayTrack, start: Location, end: Location
-                        ) -> Awaitable[bool]:
-        return self.relay.routing.fetch_upstream(track, start, end, reach=self.reach)
+    def _fetch_upstream(self, track: RelayTrack, start: Location, end: Location,
+                        budget: float) -> Awaitable[bool]:
+        return self.relay.routing.fetch_upstream(track, start, end, budget, reach=self.reach)
 
     def attach(self, session: MoqtSession) -> None:
         self.session = session
@@ -529,7 +529,8 @@ class RelayHandler(SessionHandler):
 
         async def pull() -> bool | None:
             try:
-                return await asyncio.wait_for(self._fetch_upstream(track, start, end), timeout)
+                return await asyncio.wait_for(
+                    self._fetch_upstream(track, start, end, timeout), timeout)
             except TimeoutError:
                 return None  # unanswered in time (or every source that took it failed)
 
@@ -564,7 +565,8 @@ class RelayHandler(SessionHandler):
                 return last
             if attempt == 0:
                 try:
-                    await asyncio.wait_for(self._fetch_upstream(track, start, end), timeout)
+                    await asyncio.wait_for(self._fetch_upstream(track, start, end, timeout),
+                                           timeout)
                 except TimeoutError:
                     break
         return end

@@ -86,9 +86,7 @@ TEXT_ONLY_IMPLEMENTATIONS = ("moq-lite",)
 
 
 def _text_only(session: MoqtSession) -> bool:
-    setup = session.peer_setup
-    impl = (setup.moqt_implementation or "") if setup is not None else ""
-    return impl.startswith(TEXT_ONLY_IMPLEMENTATIONS)
+    return session.peer_implementation.startswith(TEXT_ONLY_IMPLEMENTATIONS)
 
 
 def _is_text(namespace: TrackNamespace) -> bool:

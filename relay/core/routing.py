@@ -61,9 +61,8 @@ FILL_TIMEOUT_IMPLEMENTATIONS = ("kvcs-relay/",)
 
 
 def _fill_timeout(src: MoqtSession, budget: float) -> int | None:
-    setup = src.peer_setup
-    impl = (setup.moqt_implementation or "") if setup is not None else ""
-    return int(budget * 1000) if impl.startswith(FILL_TIMEOUT_IMPLEMENTATIONS) else None
+    return int(budget * 1000) \
+        if src.peer_implementation.startswith(FILL_TIMEOUT_IMPLEMENTATIONS) else None
 
 
 class Routing:

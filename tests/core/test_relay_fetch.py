@@ -156,7 +156,7 @@ class _SilentFetchPublisher(SessionHandler):
     async def fetch(self, req: IncomingFetch) -> None:
         try:
             while await req.rs.recv() is not None:
-                pass
+                continue  # nothing else comes on a FETCH's request stream
         except StreamReset:
             self.cancelled.set()
 

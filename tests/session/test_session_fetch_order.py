@@ -121,12 +121,12 @@ class DataFirstNoReply(TrackPublisher):
         stream = await req.session.conn.open_uni()
         w = FetchWriter(stream, req.request_id, req.group_order)
         await stream.write(w.header_bytes())
-        with contextlib.suppress(TransportError):  # stopped once the request is cancelled
+        with contextlib.suppress(TransportError):  # a requester that gave up may stop it
             for o in self.objects:
                 await w.write_object(o.group, 0, o.object_id, self.priority, o.payload)
         with contextlib.suppress(StreamReset):
             while await req.rs.recv() is not None:
-                pass
+                continue  # nothing else comes on a FETCH's request stream
             return  # a FIN: the request was not cancelled
         self.cancelled.set()
 

@@ -91,9 +91,7 @@ TEXT_ONLY_IMPLEMENTATIONS = ("moq-lite",)
 
 
 def _text_only(session: MoqtSession) -> bool:
-    setup = session.peer_setup
-    impl = (setup.moqt_implementation or "") if setup is not None else ""
-    return impl.startswith(TEXT_ONLY_IMPLEMENTATIONS)
+    return session.peer_implementation.startswith(TEXT_ONLY_IMPLEMENTATIONS)
 
 
 def _is_text(namespace: TrackNamespace) -> bool:
@@ -151,9 +149,9 @@ class RelayHandler(SessionHandler):
     def sibling(self) -> bool:
         return self.reach is Reach.NO_SIBLINGS
 
-    def _fetch_upstream(self, track: RelayTrack, start: Location, end: Location
-                        ) -> Awaitable[bool]:
-        return self.relay.routing.fetch_upstream(track, start, end, reach=self.reach)
+    def _fetch_upstream(self, track: RelayTrack, start: Location, end: Location,
+                        budget: float) -> Awaitable[bool]:
+        return self.relay.routing.fetch_upstream(track, start, end, budget, reach=self.reach)
 
     def attach(self, session: MoqtSession) -> None:
         self.session = session
@@ -592,7 +590,8 @@ class RelayHandler(SessionHandler):
 
         async def pull() -> bool | None:
             try:
-                return await asyncio.wait_for(self._fetch_upstream(track, start, end), timeout)
+                return await asyncio.wait_for(
+                    self._fetch_upstream(track, start, end, timeout), timeout)
             except TimeoutError:
                 return None  # unanswered in time (or every source that took it failed)
 
@@ -627,7 +626,8 @@ class RelayHandler(SessionHandler):
                 return last
             if attempt == 0:
                 try:
-                    await asyncio.wait_for(self._fetch_upstream(track, start, end), timeout)
+                    await asyncio.wait_for(self._fetch_upstream(track, start, end, timeout),
+                                           timeout)
                 except TimeoutError:
                     break
         return end

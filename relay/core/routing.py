@@ -26,6 +26,7 @@ from relay.moqt.primitives import (
     prefixes_overlap,
 )
 from relay.session import (
+    FetchResponse,
     LinkError,
     MoqtSession,
     RangeMarker,
@@ -68,6 +69,17 @@ def upstream_fill(wanted: LocationFilter | None) -> LocationFilter:
     if wanted is not None and wanted.is_absolute:
         return LocationFilter.absolute_start(wanted.start_group, wanted.start_object)
     return LocationFilter.absolute_start(0, 0)
+
+# Whose MOQT_IMPLEMENTATION says an upstream FETCH may carry FILL_TIMEOUT: our own (the
+# relays of a tree, sibling workers, our publishers). Any other gets none, as before, and
+# answers within its own default: moq-rs 0.5.1 refuses a FETCH with one (REQUEST_ERROR
+# NOT_SUPPORTED, "FILL_TIMEOUT not supported").
+FILL_TIMEOUT_IMPLEMENTATIONS = ("kvcs-relay/",)
+
+
+def _fill_timeout(src: MoqtSession, budget: float) -> int | None:
+    return int(budget * 1000) \
+        if src.peer_implementation.startswith(FILL_TIMEOUT_IMPLEMENTATIONS) else None
 
 
 class Routing:
@@ -242,18 +254,23 @@ class Routing:
             return None
         return RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
 
-    async def fetch_upstream(self, track: RelayTrack, start: Location, end: Location, *,
-                             reach: Reach = Reach.ALL) -> bool:
+    async def fetch_upstream(self, track: RelayTrack, start: Location, end: Location,
+                             budget: float, *, reach: Reach = Reach.ALL) -> bool:
         """Upstream FETCH of [start, end] into the cache; concurrent identical misses share
-        one request (§14.7, coalescing). ``reach``: see :meth:`ensure_upstream`."""
+        one request (§14.7, coalescing). ``budget``: seconds left of the downstream
+        request's FILL_TIMEOUT, passed on as the upstream FETCH's own (§14.7; to our own
+        peers only, see FILL_TIMEOUT_IMPLEMENTATIONS), so every hop of a tree spends the
+        consumer's budget, not its default. ``reach``: see :meth:`ensure_upstream`."""
         key = (track.full_name, start, end, reach)
         pending = self._fetches.get(key)
         if pending is None:
             fut: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
             self._fetches[key] = fut
-            ok: bool | None = False
+            # cut short (the caller's budget ran out, or it went away): what lies there is
+            # unknown to those sharing it, as when a source fails, never "absent"
+            ok: bool | None = None
             try:
-                ok = await self._do_fetch(track, start, end, reach)
+                ok = await self._do_fetch(track, start, end, budget, reach)
             finally:
                 del self._fetches[key]
                 fut.set_result(ok)
@@ -278,9 +295,17 @@ class Routing:
         return None
 
     async def _do_fetch(self, track: RelayTrack, start: Location, end: Location,
-                        reach: Reach = Reach.ALL) -> bool | None:
+                        budget: float, reach: Reach = Reach.ALL) -> bool | None:
         """True: a source answered the range; False: none has it (refused, or no source);
-        None: a source failed while answering and none answered."""
+        None: a source failed while answering and none answered.
+
+        The upstream fetch stream is read here, and only here, as fast as the cache takes
+        its Objects: receive credit for it follows what this relay has cached, whoever
+        waits downstream. Whatever ends this early (the budget ran out, the request that
+        asked went away) ends the upstream FETCH too: a fetch stream left unread would hold
+        its unread bytes against the session's receive window until the session ends, and
+        on aioquic, whose connection window counts every stream, a few such streams stall
+        every other stream of the upstream link (docs/relay.md, "Trees")."""
         failed = False
         sources = await self._all_sources(track, reach)
         # Open-ended and whole-Group ends use the filters made for them (some peers reject
@@ -292,10 +317,12 @@ class Routing:
         else:
             lf = LocationFilter.absolute_range(start, end)
         for src in sources:
+            resp: FetchResponse | None = None
             try:
                 resp = await src.fetch(track.full_name.namespace, track.full_name.name,
                                        Params(location_filter=lf,
-                                              group_order=GroupOrder.ASCENDING))
+                                              group_order=GroupOrder.ASCENDING,
+                                              fill_timeout=_fill_timeout(src, budget)))
                 self.relay.counters.upstream_fetches += 1
                 self.learned(track, None, src)
                 if resp.end_location is not None and resp.end_location.object != OBJECT_MAX:
@@ -334,6 +361,9 @@ class Routing:
                 else:
                     failed = True
                 log.info("upstream FETCH for %r failed: %s", track, e)
+            finally:
+                if resp is not None and not resp.ended:
+                    resp.cancel()  # stopped reading before its end: end it (see above)
         return None if failed else False
 
     async def track_status_upstream(self, track: RelayTrack, reach: Reach = Reach.ALL

@@ -63,7 +63,9 @@ log = logging.getLogger("kvcs.relay")
 # about the relay's own upstream subscription and become INTERNAL_ERROR.
 _PASS_THROUGH = {PublishDoneCode.TRACK_ENDED, PublishDoneCode.MALFORMED_TRACK}
 
-UpstreamFetch = Callable[["RelayTrack", Location, Location], Awaitable[bool]]
+# (track, start, end, budget): upstream FETCH of [start, end] with ``budget`` seconds of the
+# request's FILL_TIMEOUT left (Routing.fetch_upstream)
+UpstreamFetch = Callable[["RelayTrack", Location, Location, float], Awaitable[bool]]
 # The upstream FETCH on its way whose range holds a Location, if any (Routing).
 InFlightFetch = Callable[["RelayTrack", Location], "asyncio.Future[Any] | None"]
 
@@ -630,6 +632,10 @@ class RelayTrack:
                        in_flight: InFlightFetch | None = None,
                        ahead: _ReadAhead | None = None) -> bool:
         """Try to turn an unknown span into known Objects; True if anything changed."""
+        if self._span_changed(span):
+            # found before the Objects ahead of it were written, which can take long (a
+            # slow consumer): an upstream FETCH may have brought it and ended meanwhile
+            return True
         loop = asyncio.get_running_loop()
         pending = in_flight(self, span.start) if in_flight is not None else None
         mine = ahead.holding(span.start) if ahead is not None else None
@@ -659,8 +665,9 @@ class RelayTrack:
         to = span.end
         if ahead is not None and ahead.end is not None:
             to = self._unknown_run_end(span, ahead.end)
-        job = asyncio.ensure_future(asyncio.wait_for(upstream_fetch(self, span.start, to),
-                                                     max(0.0, deadline - loop.time())))
+        left = max(0.0, deadline - loop.time())
+        job = asyncio.ensure_future(asyncio.wait_for(upstream_fetch(self, span.start, to, left),
+                                                     left))
         job.add_done_callback(_retrieve)
         if to != span.end:
             assert ahead is not None

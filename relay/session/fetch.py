@@ -134,6 +134,12 @@ async def start_fetch(session: SessionBase, namespace: TrackNamespace, name: byt
     # data may come before FETCH_OK (§10 item 4)
     try:
         reply: FetchOk = await send_routed(session, rs, Fetch(rid, namespace, name, params), resp)
+    except BaseException:
+        # the caller is gone before the reply (cancelled, the session failed): a fetch
+        # stream that came first must not wait, unread, for a reader that never comes
+        if not resp.ended:
+            resp.cancel()
+        raise
     finally:
         resp.reply_read.set()
     resp.end_of_track = reply.end_of_track

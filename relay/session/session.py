@@ -116,6 +116,13 @@ class MoqtSession(SessionBase):
         return self.state.peer_setup
 
     @property
+    def peer_implementation(self) -> str:
+        """The peer's MOQT_IMPLEMENTATION ("" before its SETUP, or if it named none): what
+        a relay goes by where implementations differ in what they accept."""
+        setup = self.state.peer_setup
+        return (setup.moqt_implementation or "") if setup is not None else ""
+
+    @property
     def goaway_received(self) -> GoAway | None:
         return self.state.goaway_received
 

@@ -44,7 +44,8 @@ async def relay_at(data_dir: Path, *, upstream: Sequence[str] = (), port: int = 
                    clock: Callable[[], float] = time.time, upstream_token: bytes | None = None,
                    upstream_announce_fields: int = 1,
                    upstream_idle_timeout: float = RelayConfig.upstream_idle_timeout,
-                   peer: Sequence[str] = (), peer_token: bytes | None = None
+                   peer: Sequence[str] = (), peer_token: bytes | None = None,
+                   max_datagram_size: int = RelayConfig.max_datagram_size
                    ) -> RunningRelay:
     """``upstream_idle_timeout`` also bounds each dial: a test whose upstream never answers
     gives a short one instead of waiting out the default at every dial."""
@@ -55,7 +56,8 @@ async def relay_at(data_dir: Path, *, upstream: Sequence[str] = (), port: int = 
                       lmdb_bytes=lmdb_bytes, options=options or RelayOptions(),
                       auth_tokens=auth_tokens or [], upstream_token=upstream_token,
                       upstream_announce_fields=upstream_announce_fields,
-                      upstream_idle_timeout=upstream_idle_timeout)
+                      upstream_idle_timeout=upstream_idle_timeout,
+                      max_datagram_size=max_datagram_size)
     return await start_relay(cfg)
 
 

@@ -53,7 +53,7 @@ from relay.session import (
     Subscription,
 )
 from relay.session.events import FetchEvent
-from relay.transport import QuicSettings
+from relay.transport import QuicSettings, StreamReset
 from storage.interface import OBJECT_MAX
 
 
@@ -146,6 +146,47 @@ async def test_concurrent_misses_share_one_upstream_fetch(tmp_path: Path) -> Non
     finally:
         await b.close()
         await a.close()
+
+
+class _SilentFetchPublisher(SessionHandler):
+    """An upstream that never answers FETCH, and notes one cancelled."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        try:
+            while await req.rs.recv() is not None:
+                continue  # nothing else comes on a FETCH's request stream
+        except StreamReset:
+            self.cancelled.set()
+
+
+async def test_a_shared_upstream_fetch_cut_short_is_no_absence(tmp_path: Path) -> None:
+    """Two misses share one upstream FETCH, bounded by the first one's FILL_TIMEOUT (which
+    it carries upstream). That runs out before the source answers: the upstream FETCH is
+    cancelled at the source (left open, its fetch stream would hold receive credit for
+    good), and the second request learns that the Track is unknown (TIMEOUT), not that it
+    does not exist."""
+    b = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    up = _SilentFetchPublisher()
+    try:
+        pub = await client(b, handler=up)
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        short, long = await client(b), await client(b)
+        first = asyncio.ensure_future(
+            short.fetch(name.namespace, name.name, Params(fill_timeout=300)))
+        second = asyncio.ensure_future(
+            long.fetch(name.namespace, name.name, Params(fill_timeout=10_000)))
+        for ask in (first, second):
+            with pytest.raises(RequestRejected) as refused:
+                await asyncio.wait_for(ask, TIMEOUT)
+            assert refused.value.code == RequestErrorCode.TIMEOUT
+        await asyncio.wait_for(up.cancelled.wait(), TIMEOUT)
+        assert b.relay.counters.upstream_fetches == 0  # one FETCH, never answered
+    finally:
+        await b.close()
 
 
 async def test_a_fetch_past_what_a_relay_holds_of_a_track_it_does_not_follow(

@@ -7,6 +7,7 @@ header named the request, or never opened (the requester waited to its deadline)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.session import IncomingFetch, RequestCancelled, StreamAborted
 from relay.session.writers import FetchWriter
-from relay.transport import ensure_self_signed
+from relay.transport import StreamReset, TransportError, ensure_self_signed
 
 NS = (b"kvcs-1", os.urandom(32), b"compat", b"anchor", b"pub")
 TRACK = FullTrackName(NS, b"k.raw.s0")
@@ -106,3 +107,50 @@ async def test_a_fetch_whose_stream_never_arrives_ends_instead_of_waiting(
                                (StreamAborted, RequestCancelled)):
                 resp = await asyncio.wait_for(client.fetch(NS, TRACK.name), TIMEOUT)
                 await asyncio.wait_for(resp.collect(), TIMEOUT)
+
+
+class DataFirstNoReply(TrackPublisher):
+    """Sends its fetch stream at once and holds FETCH_OK back: the requester gives up
+    before any reply. Records whether the request was cancelled (§10 item 9)."""
+
+    def __init__(self) -> None:
+        super().__init__(TRACK)
+        self.cancelled = asyncio.Event()
+
+    async def fetch(self, req: IncomingFetch) -> None:
+        stream = await req.session.conn.open_uni()
+        w = FetchWriter(stream, req.request_id, req.group_order)
+        await stream.write(w.header_bytes())
+        with contextlib.suppress(TransportError):  # a requester that gave up may stop it
+            for o in self.objects:
+                await w.write_object(o.group, 0, o.object_id, self.priority, o.payload)
+        with contextlib.suppress(StreamReset):
+            while await req.rs.recv() is not None:
+                continue  # nothing else comes on a FETCH's request stream
+            return  # a FIN: the request was not cancelled
+        self.cancelled.set()
+
+
+async def test_a_fetch_given_up_before_its_reply_is_cancelled(
+        certs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its fetch stream arrived first and was routed to it: left so, nobody would ever read
+    # it again, and its unread bytes would hold the session's receive window (a relay's
+    # upstream link) until the session ended.
+    routed = asyncio.Event()
+    opened = fetch_module.FetchResponse.stream_opened
+
+    def observed(self):  # type: ignore[no-untyped-def]
+        opened(self)
+        routed.set()
+
+    monkeypatch.setattr(fetch_module.FetchResponse, "stream_opened", observed)
+    publisher = DataFirstNoReply()
+    # more than the request's event queue holds (256): the stream's reader then waits
+    publisher.objects.extend(Obj(0, i, os.urandom(4096)) for i in range(1024))
+    async with served_by(publisher, certs) as client:
+        asked = asyncio.ensure_future(client.fetch(NS, TRACK.name))
+        await asyncio.wait_for(routed.wait(), TIMEOUT)
+        asked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asked
+        await asyncio.wait_for(publisher.cancelled.wait(), TIMEOUT)

@@ -178,13 +178,15 @@ async def test_an_edge_serves_a_publication_it_holds_after_its_origin_died(
     loop = asyncio.get_running_loop()
     async with relay_process(tmp_path / "o", port, None) as origin:
         url = f"moqt://127.0.0.1:{port}/"
-        edge = await relay_at(tmp_path / "e", upstream=[url])
+        # a short idle timeout: the edge notices the death within a second
+        edge = await relay_at(tmp_path / "e", upstream=[url], upstream_idle_timeout=1.0)
         try:
-            for out, synth in (("published", SYNTH), ("other", "8,4,64,256,float16,2")):
-                code, _out, err = await run_kvcs(
-                    "publish", "--relay", url, "--ca", str(tmp_path / "o" / "tls" / "cert.pem"),
-                    "--synthetic", synth, "--scope-key", str(tmp_path / "scope.key"),
-                    "--out", str(tmp_path / f"{out}.safetensors"), timeout=60)
+            published = await asyncio.gather(*(run_kvcs(
+                "publish", "--relay", url, "--ca", str(tmp_path / "o" / "tls" / "cert.pem"),
+                "--synthetic", synth, "--scope-key", str(tmp_path / "scope.key"),
+                "--out", str(tmp_path / f"{out}.safetensors"), timeout=60)
+                for out, synth in (("published", SYNTH), ("other", "8,4,64,256,float16,2"))))
+            for code, _out, err in published:
                 assert code == 0, err
             code, _out, err = await run_kvcs(*fetch_args(edge, tmp_path, "first", 30000),
                                              timeout=60)
@@ -194,11 +196,13 @@ async def test_an_edge_serves_a_publication_it_holds_after_its_origin_died(
             link = edge.relay.upstream
             assert link is not None
             async with asyncio.timeout(TIMEOUT):
-                while link.lost == 0:  # the edge noticed (its idle timeout, 3 s)
+                while link.lost == 0:  # the edge noticed (its idle timeout)
                     await asyncio.sleep(0.05)  # poll step: the link has no event for it
-            for i in range(3):
-                code, _out, err = await run_kvcs(*fetch_args(edge, tmp_path, f"again{i}",
-                                                             30000), timeout=60)
+            # three consumers at once, each its own process and session
+            runs = await asyncio.gather(*(run_kvcs(*fetch_args(edge, tmp_path, f"again{i}",
+                                                               30000), timeout=60)
+                                          for i in range(3)))
+            for i, (code, _out, err) in enumerate(runs):
                 assert code == 0, err
                 assert same_cache(tmp_path / "published.safetensors",
                                   tmp_path / f"again{i}.safetensors")

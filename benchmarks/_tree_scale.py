@@ -31,6 +31,7 @@ from typing import Any
 from benchmarks.bench_relay import _client, _RelayProcess
 from relay.kvcs.namespace import content_prefix
 from relay.moqt.codes import ObjectStatus
+from relay.moqt.params import Params
 from relay.moqt.primitives import TrackNamespace
 from relay.peers.discovery import discover
 from relay.session import MoqtSession
@@ -225,7 +226,8 @@ async def _fetch_mb_s(r: _RelayProcess, ns: TrackNamespace, name: bytes, total: 
     c = await _client(r, SIZE)
     try:
         t0 = time.perf_counter()
-        resp = await asyncio.wait_for(c.fetch(ns, name), 600)
+        # the consumer's own budget, as `kvcs fetch` gives it (a relay's default is 5 s)
+        resp = await asyncio.wait_for(c.fetch(ns, name, Params(fill_timeout=600_000)), 600)
         got = 0
         async with asyncio.timeout(600):
             async for ev in resp:

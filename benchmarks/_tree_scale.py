@@ -40,7 +40,7 @@ from storage.lmdb_store import LmdbStore
 
 SIZE = 1200
 BLOCKS = 16  # Block Keys per prompt: one discovery wave of 16 prefixes
-CONCURRENCY = 8  # consumers at the edge at once
+CONCURRENCY = int(os.environ.get("BENCH_TREE_CONCURRENCY", "8"))  # consumers at once
 SAMPLE = 20  # publications of each tenth asked at the sibling
 TRACK = b"manifest"
 METRICS = ("--metrics-listen", "127.0.0.1:0")

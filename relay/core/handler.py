@@ -317,6 +317,11 @@ class RelayHandler(SessionHandler):
                 if not upstream.link.unreachable:
                     await interest.answered(UPSTREAM_ANSWER_WAIT)
             await req.accept()
+            # what is known now goes out with REQUEST_OK, in the same transmit: a relay
+            # below answers its own listener once what came with our REQUEST_OK is in
+            while not queue.empty() and not req.cancelled.is_set():
+                ns, active = queue.get_nowait()
+                await (req.announce(ns) if active else req.withdraw(ns))
             while not req.cancelled.is_set():
                 get = asyncio.ensure_future(queue.get())
                 cancelled = asyncio.ensure_future(req.cancelled.wait())

@@ -448,17 +448,21 @@ class Routing:
                                 upstream: bool = True,
                                 entries: dict[TrackNamespace, PublisherEntry] | None = None,
                                 handed: set[TrackNamespace] | None = None,
-                                admit: Callable[[TrackNamespace], bool] | None = None
-                                ) -> None:
+                                admit: Callable[[TrackNamespace], bool] | None = None,
+                                caught_up: Callable[[], None] | None = None) -> None:
         """What a namespace subscription to ``source`` announces is routable there, until
         withdrawn or the subscription ends. ``upstream``: learned from the upstream relay or
         a sibling worker (not this relay's own, see PublisherEntry). ``entries``: the
         caller's record of what was learned (it may take them over, UpstreamNamespaces);
         ``handed``: entries taken over from another subscription, kept as they are when
-        announced again; ``admit``: which namespaces may be learned at all."""
+        announced again; ``admit``: which namespaces may be learned at all; ``caught_up``:
+        called once what came with the subscription's REQUEST_OK is in the table."""
         if entries is None:
             entries = {}
         table = self.relay.namespaces
+        if caught_up is not None and not nsub.queued():
+            caught_up()
+            caught_up = None
         try:
             async for ev in nsub:
                 ns = ev.namespace
@@ -479,6 +483,9 @@ class Routing:
                         handed.discard(ns)
                     if e2 is not None:
                         table.remove_publisher(e2)
+                if caught_up is not None and not nsub.queued():
+                    caught_up()
+                    caught_up = None
         except SessionFailure:
             pass
         finally:

@@ -14,6 +14,14 @@ bounded number of them (qh3: 100). So they are held only while a local listener 
   to it, and what they had learned stays in the namespace table until the wider
   subscription has had ``HANDOVER_GRACE`` to announce it again, so no listener sees a
   namespace withdrawn and announced again.
+- **Bounded.** At most half the streams the upstream grants are held for this at once
+  (and never fewer than ``MIN_HELD``). A new prefix beyond that takes the place of the
+  oldest subscription already answered: that one is released upstream early, and its
+  listeners keep what it had announced (frozen: no later changes from above). Were new
+  prefixes to wait for a stream instead, many consumers discovering at once would each hold
+  part of a wave (a consumer's wave ends only once all of its requests are answered), and
+  none could finish: 32 consumers of 16-block prompts at one edge under a qh3 root found
+  nothing within the answer wait.
 - **Followed across outages.** While listeners remain, a lost upstream session is
   subscribed again on the next one.
 
@@ -29,7 +37,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from relay.moqt.primitives import TrackNamespace, format_namespace, namespace_matches_prefix
-from relay.session import LinkError, RequestRejected
+from relay.session import LinkError, MoqtSession, RequestRejected
 from relay.session.errors import SessionFailure
 
 from .namespaces import PublisherEntry
@@ -50,6 +58,7 @@ UPSTREAM_ANSWER_WAIT = 1.0
 HANDOVER_GRACE = 1.0
 # Between two attempts on a live session whose upstream ended our subscription.
 RESUBSCRIBE_PAUSE = 1.0
+MIN_HELD = 8  # upstream subscriptions always allowed at once, whatever the grant
 
 
 class Interest:
@@ -84,6 +93,8 @@ class _Subscription:
         self.entries: dict[TrackNamespace, PublisherEntry] = {}
         self.handed: set[TrackNamespace] = set()  # taken over, not announced again yet
         self.task: asyncio.Task[None] | None = None
+        self.established = False  # its upstream REQUEST_OK came
+        self.frozen = False  # released early: its entries stay for its listeners only
 
 
 class UpstreamNamespaces:
@@ -91,6 +102,10 @@ class UpstreamNamespaces:
         self.routing = routing
         self.link = link
         self._subs: dict[TrackNamespace, _Subscription] = {}
+        # holding (or asking for) an upstream stream now, oldest first
+        self._live: dict[_Subscription, None] = {}
+        self._live_changed = asyncio.Event()
+        self.frozen = 0  # subscriptions released early for want of streams (counted)
 
     @property
     def held(self) -> list[TrackNamespace]:
@@ -125,9 +140,53 @@ class UpstreamNamespaces:
     def release(self, interest: Interest) -> None:
         sub = interest.sub
         sub.interests.discard(interest)
-        if not sub.interests and self._subs.get(sub.prefix) is sub:
+        if sub.interests:
+            return
+        if self._subs.get(sub.prefix) is sub:
             del self._subs[sub.prefix]
             self._cancel(sub)
+        elif sub.frozen:  # its last listener gone: what it had announced goes too
+            for entry in sub.entries.values():
+                self.routing.drop_learned(entry)
+            sub.entries.clear()
+
+    async def _hold(self, sub: _Subscription, up: MoqtSession) -> None:
+        """Until ``sub`` may hold an upstream stream (see the module doc, "Bounded")."""
+        while True:
+            limit = max(MIN_HELD, up.request_streams().out_granted // 2)
+            if len(self._live) < limit:
+                self._live[sub] = None
+                return
+            # the oldest whose listeners have what the upstream knew when it answered
+            oldest = next((s for s in self._live if s.established and s.answered.is_set()),
+                          None)
+            if oldest is not None:
+                self._freeze(oldest)
+                continue
+            self._live_changed.clear()
+            await self._live_changed.wait()
+
+    def _caught_up(self, sub: _Subscription) -> None:
+        sub.answered.set()
+        self._live_changed.set()  # one more that may give its place up
+
+    def _let_go(self, sub: _Subscription) -> None:
+        if self._live.pop(sub, None) is not None:
+            self._live_changed.set()
+
+    def _freeze(self, sub: _Subscription) -> None:
+        """Release ``sub`` upstream now; its listeners keep what it announced."""
+        self.frozen += 1
+        if self._subs.get(sub.prefix) is sub:
+            del self._subs[sub.prefix]  # a new listener of its prefix subscribes afresh
+        sub.frozen = True
+        following = sub.entries
+        sub.entries = dict(following)
+        following.clear()  # the dict its follower holds: its end removes nothing
+        sub.handed.clear()
+        self._let_go(sub)
+        if sub.task is not None:
+            sub.task.cancel()
 
     @staticmethod
     def _cancel(sub: _Subscription) -> None:
@@ -152,6 +211,7 @@ class UpstreamNamespaces:
                     self._drop_handed(sub)
                     sub.answered.set()
                     continue
+                await self._hold(sub, up)
                 try:
                     nsub = await up.subscribe_namespace(sub.prefix)
                 except RequestRejected as e:
@@ -161,21 +221,28 @@ class UpstreamNamespaces:
                     sub.answered.set()
                     return
                 except (SessionFailure, LinkError):
+                    self._let_go(sub)
                     sub.answered.set()
                     continue  # the session died meanwhile: the next one
-                sub.answered.set()
+                sub.established = True
                 grace = asyncio.get_running_loop().call_later(
                     HANDOVER_GRACE, self._drop_handed, sub) if sub.handed else None
                 try:
+                    # answered once what came with the upstream's REQUEST_OK (the namespaces
+                    # it knew then, §7.13) is in the table: a listener answered now has it
                     await self.routing.follow_namespaces(nsub, up, entries=sub.entries,
-                                                         handed=sub.handed)
+                                                         handed=sub.handed,
+                                                         caught_up=lambda: self._caught_up(sub))
                 finally:
                     nsub.cancel()
+                    sub.established = False
+                    self._let_go(sub)
                     if grace is not None:
                         grace.cancel()
                 if not up.closed:
                     await asyncio.sleep(RESUBSCRIBE_PAUSE)  # ended by the upstream: again
         finally:
+            self._let_go(sub)
             self._drop_handed(sub)
             sub.answered.set()
 

@@ -39,6 +39,16 @@ class EventQueue:
             self._items.append(item)
             self._changed.set()
 
+    def put_nowait(self, item: Any) -> None:
+        """Queue ``item`` at once, past the bound: for the few events that arrived with a
+        request's reply, queued before the request is handed to its caller."""
+        if not self.finished:
+            self._items.append(item)
+            self._changed.set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
     def put_nowait_end(self, item: Any = END, *, discard: bool = False) -> None:
         if self.finished:
             return

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from relay.moqt.codes import MessageType, SessionErrorCode, StreamResetCode
 from relay.moqt.messages import (
+    Message,
     Namespace,
     NamespaceDone,
     PublishNamespace,
@@ -121,20 +122,38 @@ class NamespaceSubscription(EventSource[NamespaceEvent]):
             code, reason = self.session.close_info or (SessionErrorCode.INTERNAL_ERROR, "")
             self._events.put_nowait_end(SessionClosed(code, reason))
 
+    def _event(self, msg: Message) -> NamespaceEvent | None:
+        if isinstance(msg, Namespace):
+            ns = self.prefix + msg.suffix
+            self.active.add(ns)
+            return NamespaceEvent(msg.suffix, ns, True)
+        if isinstance(msg, NamespaceDone):  # announced before: the state checked
+            ns = self.prefix + msg.suffix
+            self.active.discard(ns)
+            return NamespaceEvent(msg.suffix, ns, False)
+        return None
+
+    def queued(self) -> int:
+        """Events received and not yet taken."""
+        return len(self._events)
+
+    def _absorb(self, msgs: list[Message]) -> None:
+        """What arrived with REQUEST_OK is queued before the caller gets the subscription:
+        the namespaces the responder knew when it answered (§7.13) are there at once."""
+        for msg in msgs:
+            ev = self._event(msg)
+            if ev is not None:
+                self._events.put_nowait(ev)
+
     async def _read(self) -> None:
         try:
             while True:
                 msg = await self.rs.recv()
                 if msg is None:
                     break
-                if isinstance(msg, Namespace):
-                    ns = self.prefix + msg.suffix
-                    self.active.add(ns)
-                    await self._events.put(NamespaceEvent(msg.suffix, ns, True))
-                elif isinstance(msg, NamespaceDone):  # announced before: the state checked
-                    ns = self.prefix + msg.suffix
-                    self.active.discard(ns)
-                    await self._events.put(NamespaceEvent(msg.suffix, ns, False))
+                ev = self._event(msg)
+                if ev is not None:
+                    await self._events.put(ev)
         except StreamReset:
             pass
         # §7.13: a reset or FIN of the response direction means every namespace is done.
@@ -155,6 +174,7 @@ async def start_subscribe_namespace(session: SessionBase, prefix: TrackNamespace
                                     params: Params) -> NamespaceSubscription:
     rs, _, _ = await request_ok(session, lambda rid: SubscribeNamespace(rid, prefix, params))
     handle = NamespaceSubscription(session, rs, prefix)
+    handle._absorb(rs.take_received())
     session.spawn(handle._loop(), "subscribe-namespace")
     return handle
 

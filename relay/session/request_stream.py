@@ -96,6 +96,17 @@ class RequestStream:
                 await self.release()
                 return None
 
+    def take_received(self) -> list[Message]:
+        """The messages that arrived with the last one ``recv`` returned (in the same read)
+        and were not asked for yet, up to the first the state refused (``recv`` answers
+        that one)."""
+        taken: list[Message] = []
+        while self._pending and not isinstance(self._pending[0], Refuse):
+            item = self._pending.popleft()
+            assert not isinstance(item, Refuse)
+            taken.append(item)
+        return taken
+
     async def release(self) -> None:
         """The request is over (REQUEST_ERROR, TRACK_STATUS_OK): stop reading so the
         transport forgets the stream. A long-lived session makes many requests; each

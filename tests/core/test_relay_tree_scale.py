@@ -6,6 +6,7 @@ streams"). Each test asks for more than either peer grants."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,18 +14,22 @@ from relay_helpers import TIMEOUT, client, make_ns, relay_at
 
 from relay.admin import links_state
 from relay.core.relay import RelayOptions
+from relay.kvcs.namespace import content_prefix
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
 from relay.metrics import request_streams_metric
 from relay.moqt.codes import ObjectStatus
 from relay.moqt.primitives import FullTrackName, Location
 from relay.peers.connect import RelayAccess
+from relay.peers.discovery import discover
 from relay.peers.errors import EXIT_OK
 from relay.peers.publisher import PublishOptions, publish_plan
 from relay.peers.subscriber import RetrieveOptions, retrieve
 from relay.service import RunningRelay
 from relay.session import Connection, IncomingPublishNamespace, MoqtSession, SessionHandler
 from relay.transport import ensure_self_signed, serve
+from storage.interface import StoredObject
+from storage.lmdb_store import LmdbStore
 
 SCOPE_KEY = bytes(range(32))
 BLOCK_TOKENS = 4
@@ -255,3 +260,42 @@ async def test_an_announcement_that_failed_is_sent_again(tmp_path: Path) -> None
     finally:
         await a.close()
         await srv.close()
+
+
+async def test_many_consumers_discovering_at_once_at_an_edge_all_find_theirs(
+        tmp_path: Path) -> None:
+    """16 consumers at once at an edge, each discovering its own 16-block prompt: 256
+    prefixes asked of the root together, more than the edge may hold there at once (half of
+    what the root grants). Each finds its publication (the oldest answered subscriptions
+    give their place up, keeping what they announced), and the edge holds nothing after."""
+    scope, compat = os.urandom(32), os.urandom(32)
+    prompts = [[os.urandom(32) for _ in range(BLOCKS)] for _ in range(16)]
+    namespaces = [(*content_prefix(scope, compat, p[-1]), os.urandom(16)) for p in prompts]
+    store = LmdbStore(os.fspath(tmp_path / "r" / "lmdb"), 64 << 20)
+    try:
+        for ns in namespaces:
+            store.commit_track((ns, b"manifest"), [[
+                StoredObject(0, 0, 0, 0, ObjectStatus.NORMAL, b"", b"x" * 64),
+                StoredObject(0, 0, 1, 0, ObjectStatus.END_OF_TRACK)]])
+    finally:
+        store.close()
+    r = await relay_at(tmp_path / "r")
+    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    try:
+        sessions = [await client(b) for _ in prompts]
+        found = await asyncio.wait_for(asyncio.gather(*(
+            discover(s, scope, compat, p, window=0.0) for s, p in zip(sessions, prompts,
+                                                                       strict=True))),
+            TIMEOUT)
+        assert [f[0].namespace.fields if f else None for f in found] == namespaces
+        held = b.relay.routing.upstream_namespaces
+        assert held is not None and held.frozen > 0  # more than it could hold at once
+        for s in sessions:
+            await s.aclose()
+        link = b.relay.upstream
+        assert link is not None
+        await _until(lambda: held.held == [] and _out_in_use(link.session) == 0,
+                     "B holds nothing at R")
+    finally:
+        await b.close()
+        await r.close()

@@ -180,6 +180,9 @@ class RelayCollector(Collector):
                               "this relay's own listeners.")
         g.add_metric([], len(held.held) if held is not None else 0)
         yield g
+        yield _counter("upstream_namespace_subscriptions_frozen", "SUBSCRIBE_NAMESPACE held "
+                       "at the upstream relay released early to make room (its listeners "
+                       "keep what it announced).", held.frozen if held is not None else 0)
         yield request_streams_metric(relay)
         yield _counter("upstream_pushes", "Tracks pushed to the upstream relay (PUBLISH).",
                        c.upstream_pushes)

@@ -101,9 +101,8 @@ class Relay:
         upstream relay), ``sibling`` (to and from sibling workers and peer relays),
         ``lower_relay`` (a relay of the tree below this one) and ``client``."""
         found: list[tuple[str, MoqtSession]] = []
-        up = self.upstream_session()
-        if up is not None:
-            found.append(("upstream", up))
+        if self.upstream is not None:
+            found += [("upstream", s) for s in self.upstream.sessions()]
         found += [("sibling", s) for s in (*self.siblings, *self.sibling_sessions)
                   if not s.closed]
         found += [("lower_relay" if self.routing.is_tree_relay(s) else "client", s)

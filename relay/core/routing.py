@@ -146,9 +146,10 @@ class Routing:
             self.relay.siblings.discard(session)
 
     async def _upstream_session(self) -> MoqtSession | None:
+        """Where a request goes up: a session of the link with a stream left for it."""
         if self.relay.upstream is None:
             return None
-        return await self.relay.upstream.get()
+        return await self.relay.upstream.for_request()
 
     async def _all_sources(self, track: RelayTrack, reach: Reach = Reach.ALL
                            ) -> list[MoqtSession]:
@@ -221,8 +222,9 @@ class Routing:
         learned), whether or not anyone here still follows the upstream's namespaces."""
         if e is None:
             self._absent.pop(track.full_name, None)
+            up = self.relay.upstream
             if source is not None and (source in self.relay.siblings or
-                                       source is self.relay.upstream_session()):
+                                       (up is not None and up.owns(source))):
                 self._keep(track.full_name.namespace)
         elif e.code == RequestErrorCode.DOES_NOT_EXIST and self.relay.upstream is not None:
             # only used while an upstream is unreachable (in_outage): a relay without one
@@ -244,7 +246,8 @@ class Routing:
     def _unanswered(what: str, track: RelayTrack, e: Exception) -> RequestRejected:
         """A source that failed or did not answer in time: logged, and the refusal to give
         if no other source answers (the Track may exist there: TIMEOUT, not DOES_NOT_EXIST)."""
-        log.warning("upstream %s for %r failed: %s", what, track, e or "no answer in time")
+        log.warning("upstream %s for %r failed: %s", what, track,
+                    str(e) or "no answer in time")
         return RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
 
     def unreachable_error(self) -> RequestRejected | None:

@@ -6,6 +6,11 @@ root tier's replicas, each as good as the others, docs/relay.md "A root of sever
 replicas"). The first dial starts at ``first`` (``upstream_spread``: see :func:`spread`).
 Namespaces, subscriptions and fetches the relay cannot serve locally go through it.
 
+Requests go on the link's first session while the upstream grants it a stream; when it grants
+none (a peer grants a bounded number at once, qh3 100, and live subscriptions hold theirs for
+as long as their Track is followed), another session to the same upstream is opened for them,
+up to ``POOL_MAX`` in all (``for_request``). Only the first one announces and is asked down.
+
 A dead upstream must not stall requests: the session's QUIC idle timeout is short (set by
 the service from ``upstream_idle_timeout``, with PINGs keeping a quiet link alive), each dial
 is bounded by the same timeout, and after a failed dial the link answers "unreachable" at
@@ -33,6 +38,7 @@ from relay.session.errors import SessionFailure
 log = logging.getLogger("kvcs.relay")
 
 UNREACHABLE = "upstream unreachable"  # reason of the TIMEOUT refusals it causes
+POOL_MAX = 4  # sessions to the upstream at most: the first, and more for requests
 BACKOFF_FIRST = 0.25  # seconds before the first re-dial after a failed one
 BACKOFF_MAX = 5.0
 
@@ -85,6 +91,9 @@ class UpstreamLink:
         # (URL, why) while the last dial found no usable URL and one led back to this
         # relay: the link is then no upstream at all, not an unreachable one
         self.looped: tuple[str, str] | None = None
+        self._url = ""  # the URL the first session is on
+        self._extra: list[MoqtSession] = []  # more sessions there, for requests
+        self._extra_dialing: asyncio.Future[MoqtSession | None] | None = None
 
     @property
     def configured(self) -> bool:
@@ -178,6 +187,7 @@ class UpstreamLink:
                 continue
             log.info("connected to upstream relay %s", url)
             self._session = session
+            self._url = url
             self._next = (i + 1) % n
             self._backoff = 0.0
             self.looped = None
@@ -189,6 +199,60 @@ class UpstreamLink:
         self._backoff = min(BACKOFF_MAX, self._backoff * 2 or BACKOFF_FIRST)
         self._retry_at = loop.time() + self._backoff
         return None
+
+    def sessions(self) -> list[MoqtSession]:
+        """The link's sessions in use: the first, then those opened for requests."""
+        first = self.session
+        if first is None:
+            return []
+        self._extra = [s for s in self._extra if not s.closed and s.goaway_received is None]
+        return [first, *self._extra]
+
+    def owns(self, session: MoqtSession) -> bool:
+        return session is self._session or session in self._extra
+
+    async def for_request(self) -> MoqtSession | None:
+        """The session one more request goes on: the first of the link's sessions the
+        upstream still grants a stream on; when none does, a new one to the same upstream
+        (up to ``POOL_MAX``, bounded by the dial timeout), else the first, where the request
+        waits for a stream. None while the upstream is unreachable (``get``)."""
+        if await self.get() is None:
+            return None
+        sessions = self.sessions()
+        for s in sessions:
+            rs = s.request_streams()
+            if rs.out_in_use < rs.out_granted:
+                return s
+        if len(sessions) < POOL_MAX:
+            if self._extra_dialing is None or self._extra_dialing.done():
+                self._extra_dialing = asyncio.ensure_future(self._dial_extra(sessions[0]))
+            extra = await asyncio.shield(self._extra_dialing)
+            if extra is not None:
+                return extra
+        return sessions[0] if not sessions[0].closed else None
+
+    async def _dial_extra(self, first: MoqtSession) -> MoqtSession | None:
+        url = self._url
+        handler = self.handler_factory() if self.handler_factory else self.handler
+        try:
+            session = await asyncio.wait_for(open_session(
+                url, config=self.config, handler=handler, settings=self.settings,
+                ca_file=self.ca_file, insecure=self.insecure), self.dial_timeout)
+        except (LinkError, SessionFailure, OSError, TimeoutError) as e:
+            log.info("no more sessions to upstream relay %s: %s", url, e or type(e).__name__)
+            return None
+        attach = getattr(handler, "attach", None)
+        if attach is not None:
+            attach(session)
+        if self.verify is not None and await self.verify(session) is not None:
+            return None  # a loop: the first session's own check will refuse it too
+        if session.closed or first is not self._session or self._closing:
+            await session.aclose(0, "not needed")
+            return None
+        self._extra.append(session)
+        log.info("another session to upstream relay %s (%d in all): requests found no stream "
+                 "left on the others", url, len(self._extra) + 1)
+        return session
 
     async def _verified(self, session: MoqtSession) -> str | None:
         """Why ``session`` must not be used (``verify`` closed it), None if it may."""
@@ -219,6 +283,8 @@ class UpstreamLink:
         for task in (self._watch, self._dialing):
             if task is not None:
                 task.cancel()
+        for extra in self._extra:
+            extra.close(0, "relay shutting down")
         s = self._session
         if s is not None:
             await s.aclose(0, "relay shutting down")

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from relay_helpers import TIMEOUT, client, make_ns, relay_at
+from relay_helpers import TIMEOUT, client, complete_track, fetch_objects, make_ns, relay_at
 
 from relay.admin import links_state
 from relay.core.relay import RelayOptions
@@ -26,7 +26,13 @@ from relay.peers.errors import EXIT_OK
 from relay.peers.publisher import PublishOptions, publish_plan
 from relay.peers.subscriber import RetrieveOptions, retrieve
 from relay.service import RunningRelay
-from relay.session import Connection, IncomingPublishNamespace, MoqtSession, SessionHandler
+from relay.session import (
+    Connection,
+    IncomingPublishNamespace,
+    MoqtSession,
+    ReceivedObject,
+    SessionHandler,
+)
 from relay.transport import ensure_self_signed, serve
 from storage.interface import StoredObject
 from storage.lmdb_store import LmdbStore
@@ -296,6 +302,50 @@ async def test_many_consumers_discovering_at_once_at_an_edge_all_find_theirs(
         assert link is not None
         await _until(lambda: held.held == [] and _out_in_use(link.session) == 0,
                      "B holds nothing at R")
+    finally:
+        await b.close()
+        await r.close()
+
+
+async def test_more_live_tracks_than_the_upstream_grants_streams_are_followed(
+        tmp_path: Path) -> None:
+    """An edge follows one upstream subscription per live Track, each holding a stream of its
+    session to the root for as long as the Track lives. More live Tracks than the root
+    grants streams at once (qh3: 100, our aioquic relay: 256): the edge opens another session
+    to the root for what finds no stream left, so every one is followed and a FETCH still
+    gets through."""
+    r = await relay_at(tmp_path / "r")
+    b = await relay_at(tmp_path / "b", upstream=[r.url])
+    try:
+        probe = await client(r)
+        n = probe.request_streams().out_granted + 20  # what the root grants a session, and more
+        ns = make_ns()
+        names = [FullTrackName(ns, b"k.raw.s%d" % i) for i in range(n)]
+        per_session = 90  # the root grants each publisher session at least 100
+        publishers = [await client(r) for _ in range(0, n, per_session)]
+        await asyncio.wait_for(publishers[0].publish_namespace(ns), TIMEOUT)
+        served = [await asyncio.wait_for(
+            publishers[i // per_session].publish(name.namespace, name.name), TIMEOUT)
+            for i, name in enumerate(names)]
+        consumers = [await client(b) for _ in range(0, n, per_session)]
+        subs = [await asyncio.wait_for(
+            consumers[i // per_session].subscribe(name.namespace, name.name), TIMEOUT)
+            for i, name in enumerate(names)]
+        link = b.relay.upstream
+        assert link is not None and len(link.sessions()) >= 2  # one could not carry them all
+        assert b.relay.counters.upstream_subscriptions == n
+        # and the Tracks are live through the edge: an Object on the last one arrives
+        w = await served[-1].open_subgroup(0, 0, 0)
+        await w.write_object(0, b"live")
+        async with asyncio.timeout(TIMEOUT):
+            async for ev in subs[-1]:
+                if isinstance(ev, ReceivedObject):
+                    assert bytes(ev.payload) == b"live"
+                    break
+        other = FullTrackName(make_ns(), b"k.raw.s0")
+        await complete_track(await client(r), other, layers=1, per_group=2)
+        _resp, got = await fetch_objects(await client(b), other)
+        assert len(got) == 2
     finally:
         await b.close()
         await r.close()

@@ -159,23 +159,28 @@ class UpstreamLink:
             self._dialing = asyncio.ensure_future(self._dial())
         return await asyncio.shield(self._dialing)
 
+    async def _open(self, url: str) -> MoqtSession:
+        """A session to ``url`` (bounded by the dial timeout), its handler attached."""
+        handler = self.handler_factory() if self.handler_factory else self.handler
+        session = await asyncio.wait_for(open_session(
+            url, config=self.config, handler=handler, settings=self.settings,
+            ca_file=self.ca_file, insecure=self.insecure), self.dial_timeout)
+        attach = getattr(handler, "attach", None)
+        if attach is not None:
+            attach(session)
+        return session
+
     async def _dial(self) -> MoqtSession | None:
         loop = asyncio.get_running_loop()
         looped = None
         n = len(self.urls)
         for i in range(self._next, self._next + n):
             url = self.urls[i % n]
-            handler = self.handler_factory() if self.handler_factory else self.handler
             try:
-                session = await asyncio.wait_for(open_session(
-                    url, config=self.config, handler=handler, settings=self.settings,
-                    ca_file=self.ca_file, insecure=self.insecure), self.dial_timeout)
+                session = await self._open(url)
             except (LinkError, SessionFailure, OSError, TimeoutError) as e:
                 log.warning("upstream relay %s unreachable: %s", url, e or type(e).__name__)
                 continue
-            attach = getattr(handler, "attach", None)
-            if attach is not None:
-                attach(session)
             refused = await self._verified(session)
             if refused is not None:
                 looped = (url, refused)
@@ -233,17 +238,11 @@ class UpstreamLink:
 
     async def _dial_extra(self, first: MoqtSession) -> MoqtSession | None:
         url = self._url
-        handler = self.handler_factory() if self.handler_factory else self.handler
         try:
-            session = await asyncio.wait_for(open_session(
-                url, config=self.config, handler=handler, settings=self.settings,
-                ca_file=self.ca_file, insecure=self.insecure), self.dial_timeout)
+            session = await self._open(url)
         except (LinkError, SessionFailure, OSError, TimeoutError) as e:
             log.info("no more sessions to upstream relay %s: %s", url, e or type(e).__name__)
             return None
-        attach = getattr(handler, "attach", None)
-        if attach is not None:
-            attach(session)
         if self.verify is not None and await self.verify(session) is not None:
             return None  # a loop: the first session's own check will refuse it too
         if session.closed or first is not self._session or self._closing:

@@ -229,9 +229,12 @@ class RelayHandler(SessionHandler):
             return
         await req.accept()
         if tree:
+            refused: set[TrackNamespace] = set()  # counted once, however often listed
+
             def admit(ns: TrackNamespace) -> bool:
                 ok = auth.allows(Role.PUBLISH, ns, tokens)
-                if not ok:
+                if not ok and ns not in refused:
+                    refused.add(ns)
                     self.relay.counters.auth_failures += 1
                     log.info("lower relay's namespace %s not admitted: its token may not "
                              "publish there", format_namespace(ns))

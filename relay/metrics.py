@@ -184,6 +184,10 @@ class RelayCollector(Collector):
                        "at the upstream relay released early to make room (its listeners "
                        "keep what it announced).", held.frozen if held is not None else 0)
         yield request_streams_metric(relay)
+        g = GaugeMetricFamily(P + "sibling_links", "Sessions open to this relay's sibling "
+                              "workers and peer relays (its own links to them).")
+        g.add_metric([], sum(1 for s in list(relay.siblings) if not s.closed))
+        yield g
         yield _counter("upstream_pushes", "Tracks pushed to the upstream relay (PUBLISH).",
                        c.upstream_pushes)
         yield _counter("upstream_pushes_failed", "Pushes to the upstream relay that could "

@@ -52,6 +52,9 @@ async def test_a_tier_of_peers_routes_to_what_any_replica_learned(tmp_path: Path
             assert r.peers is not None and r.peers.itself == {r.url}
             assert r.peers.linked == {x.url for x in tier} - {r.url}
             assert len(r.relay.siblings) == 2
+            [links] = [m for m in r.metrics.registry.collect()
+                       if m.name == "kvcs_relay_sibling_links"]
+            assert [x.value for x in links.samples] == [2]
         t = await complete_track(await client(a), name, layers=3, per_group=2)
         c = await client(b)
         _resp, got = await fetch_objects(c, name)  # B -> R2 -> its peer R1 -> A

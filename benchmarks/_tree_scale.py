@@ -32,7 +32,7 @@ from benchmarks.bench_relay import _client, _RelayProcess
 from relay.kvcs.namespace import content_prefix
 from relay.moqt.codes import ObjectStatus
 from relay.moqt.params import Params
-from relay.moqt.primitives import TrackNamespace
+from relay.moqt.primitives import FullTrackName, TrackNamespace
 from relay.peers.discovery import discover
 from relay.session import MoqtSession
 from storage.interface import StoredObject
@@ -60,6 +60,23 @@ async def announced(session: MoqtSession, prefix: TrackNamespace, want: int,
                     break
     nsub.cancel()
     return time.perf_counter() - t0
+
+
+async def publish_track(session: MoqtSession, name: FullTrackName, layers: int, blocks: int,
+                   payload: bytes | bytearray, end: bool) -> None:
+    """A Track of ``layers`` Groups of ``blocks`` Objects pushed with PUBLISH (its namespace
+    announced first), then End of Track if ``end``."""
+    await session.publish_namespace(name.namespace)
+    served = await session.publish(name.namespace, name.name)
+    for g in range(layers):
+        w = await served.open_subgroup(g, 0, (128 * g) // layers)
+        for i in range(blocks):
+            await w.write_object(i, bytes(payload))
+        await w.write_status(blocks, ObjectStatus.END_OF_GROUP, fin=True)
+    if end:
+        w = await served.open_subgroup(layers, 0, 128)
+        await w.write_status(0, ObjectStatus.END_OF_TRACK, fin=True)
+        await served.done()
 
 
 def _commit(store: LmdbStore, ns: TrackNamespace) -> None:
@@ -260,16 +277,8 @@ async def deep(tmp: Path, mib: int, backend: str) -> dict[str, float]:
                 async with _RelayProcess(tmp / "l", SIZE, backend, up_m2) as leaf, \
                         _RelayProcess(tmp / "s", SIZE, backend, up_r) as s:
                     pub = await _client(leaf, SIZE)
-                    await pub.publish_namespace(ns)
-                    served = await pub.publish(ns, name)
-                    for g in range(layers):
-                        w = await served.open_subgroup(g, 0, (128 * g) // layers)
-                        for i in range(blocks):
-                            await w.write_object(i, payload)
-                        await w.write_status(blocks, ObjectStatus.END_OF_GROUP, fin=True)
-                    w = await served.open_subgroup(layers, 0, 128)
-                    await w.write_status(0, ObjectStatus.END_OF_TRACK, fin=True)
-                    await served.done()
+                    await publish_track(pub, FullTrackName(ns, name), layers, blocks, payload,
+                                        end=True)
                     watcher = await _client(s, SIZE)
                     await announced(watcher, ns, 1, 60)  # routable from S
                     await watcher.aclose()

@@ -34,30 +34,14 @@ from typing import Any
 
 from benchmarks import _tree_scale
 from benchmarks._report import report
-from benchmarks._tree_scale import announced
+from benchmarks._tree_scale import announced, publish_track
 from benchmarks.bench_relay import OBJECT, _client, _RelayProcess, _subscriber, fan_out
 from relay.moqt.codes import ObjectStatus
 from relay.moqt.primitives import FullTrackName
-from relay.session import MoqtSession
 from storage.interface import StoredObject
 from storage.lmdb_store import LmdbStore
 
 SIZE = 1200
-
-
-async def _publish(session: MoqtSession, name: FullTrackName, layers: int, blocks: int,
-                   payload: bytearray, end: bool) -> None:
-    await session.publish_namespace(name.namespace)
-    served = await session.publish(name.namespace, name.name)
-    for g in range(layers):
-        w = await served.open_subgroup(g, 0, (128 * g) // layers)
-        for i in range(blocks):
-            await w.write_object(i, bytes(payload))
-        await w.write_status(blocks, ObjectStatus.END_OF_GROUP, fin=True)
-    if end:
-        w = await served.open_subgroup(layers, 0, 128)
-        await w.write_status(0, ObjectStatus.END_OF_TRACK, fin=True)
-        await served.done()
 
 
 def _cpu(*procs: _RelayProcess) -> float:
@@ -121,7 +105,7 @@ async def first_layer(tmp: Path, layers: int, blocks: int, backend: str, push: b
         async with _RelayProcess(tmp / "a", SIZE, backend, extra) as a, \
                 _RelayProcess(tmp / "b", SIZE, backend, up) as b:
             pub = await _client(a, SIZE)
-            await _publish(pub, name, layers, blocks, payload, end=True)
+            await publish_track(pub, name, layers, blocks, payload, end=True)
             c = await _client(b, SIZE)
             await announced(c, name.namespace[:2], 1, 30)
             if push:  # the push has reached R: B's first FETCH finds it there

@@ -109,10 +109,6 @@ class Relay:
                   for s in self.sessions]
         return found
 
-    def upstream_session(self) -> MoqtSession | None:
-        """The upstream relay session in use now, if any (no dial)."""
-        return self.upstream.session if self.upstream is not None else None
-
     @property
     def session_config(self) -> SessionConfig:
         return self.options.session

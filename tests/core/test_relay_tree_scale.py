@@ -55,6 +55,14 @@ async def _until(cond: object, what: str) -> None:
     assert cond(), what  # type: ignore[operator]
 
 
+async def _holds_nothing_upstream(edge: RunningRelay) -> None:
+    """Until the edge holds no namespace subscription and no request at its upstream."""
+    held, link = edge.relay.routing.upstream_namespaces, edge.relay.upstream
+    assert held is not None and link is not None
+    await _until(lambda: held.held == [] and _out_in_use(link.session) == 0,
+                 "the edge holds nothing at its upstream")
+
+
 def _gauge(r: RunningRelay, link: str, direction: str, state: str) -> float:
     """A sample of kvcs_relay_request_streams as the relay's /metrics reports it."""
     metric = request_streams_metric(r.relay)
@@ -163,7 +171,7 @@ async def test_hundreds_of_scopes_at_a_lower_relay_are_announced_and_served(
         ann = a.relay.announcer
         assert ann is not None and ann.announced == [(b"kvcs-1",)]
         # A's link to R holds one announcement (R holds one namespace subscription down)
-        assert _out_in_use(a.relay.upstream_session()) == 1
+        assert a.relay.upstream is not None and _out_in_use(a.relay.upstream.session) == 1
         await _fetch_all(s, names, payloads)
 
         await a.close()
@@ -218,10 +226,7 @@ async def test_a_wider_prefix_takes_over_narrower_ones_at_the_upstream(
         assert (ev.namespace, ev.active) == (ns3, True)
         wide.cancel()
         narrow.cancel()
-        link = b.relay.upstream
-        assert link is not None
-        await _until(lambda: held.held == [] and _out_in_use(link.session) == 0,
-                     "B holds nothing at R")
+        await _holds_nothing_upstream(b)
     finally:
         await b.close()
         await r.close()
@@ -298,10 +303,7 @@ async def test_many_consumers_discovering_at_once_at_an_edge_all_find_theirs(
         assert held is not None and held.frozen > 0  # more than it could hold at once
         for s in sessions:
             await s.aclose()
-        link = b.relay.upstream
-        assert link is not None
-        await _until(lambda: held.held == [] and _out_in_use(link.session) == 0,
-                     "B holds nothing at R")
+        await _holds_nothing_upstream(b)
     finally:
         await b.close()
         await r.close()

@@ -51,7 +51,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvcs.relay")
 
 
-RETRY_FIRST = 0.5  # seconds before a failed announcement is sent again
+# seconds before a failed announcement (or an upstream's subscription down to a lower
+# relay) is sent again, doubling up to RETRY_MAX
+RETRY_FIRST = 0.5
 RETRY_MAX = 5.0
 
 

@@ -32,7 +32,7 @@ from relay.session import IncomingTrackStatus, LinkError, MoqtSession, RequestRe
 from relay.session.errors import SessionFailure
 
 from .namespaces import Reach
-from .routing import RELAY_IMPLEMENTATION
+from .routing import runs_this_code
 
 if TYPE_CHECKING:
     from .relay import Relay
@@ -49,7 +49,6 @@ CLOSE_REASON = "relay loop refused"  # the reason this relay closes a refused se
 # whatever its backoff), and how long ``start_relay`` waits for the first one: a reachable
 # upstream answers a handshake and a probe far sooner.
 PROBE_WAIT = 1.0
-RELAY_PEER = "kvcs-relay"  # what a kvcs relay says in SETUP: only such an upstream is probed
 
 
 class RelayLoop(Exception):
@@ -83,16 +82,11 @@ def _reason(text: str) -> str:
     return text.encode()[:1024].decode("utf-8", "ignore")  # a Reason Phrase's bound (§2.6)
 
 
-def _kvcs_relay(session: MoqtSession) -> bool:
-    setup = session.peer_setup
-    return setup is not None and (setup.moqt_implementation or "").startswith(RELAY_PEER)
-
-
 async def verify(relay: Relay, link: UpstreamLink, session: MoqtSession) -> str | None:
     """Probe a new upstream session before it carries requests (``UpstreamLink.verify``):
     why it must be refused (the probe came back: a loop; the session is closed), else None.
     An upstream that is no kvcs relay, or does not answer in time, is not a loop."""
-    if not _kvcs_relay(session):
+    if not runs_this_code(session):
         return None
     try:
         await asyncio.wait_for(
@@ -113,9 +107,7 @@ async def answer(relay: Relay, req: IncomingTrackStatus, session: MoqtSession,
     """A probe arriving at this relay: refused as a loop if it passed here before, else
     sent on up (and its answer passed back). Only from a lower relay (never down a tree nor
     between workers), and with no token: it asks for nobody's Track."""
-    setup = session.peer_setup
-    if reach is not Reach.ALL or setup is None or \
-            setup.moqt_implementation != RELAY_IMPLEMENTATION:
+    if reach is not Reach.ALL or not relay.routing.is_tree_relay(session):
         await req.reject(RequestErrorCode.DOES_NOT_EXIST, "reserved namespace")
         return
     ns = req.full_name.namespace
@@ -133,7 +125,7 @@ async def answer(relay: Relay, req: IncomingTrackStatus, session: MoqtSession,
         # none open in time: no loop through it yet (its own dial probes, later)
         with contextlib.suppress(TimeoutError):
             up = await asyncio.wait_for(link.for_probe(), PROBE_WAIT)
-    if link is not None and up is not None and _kvcs_relay(up):
+    if link is not None and up is not None and runs_this_code(up):
         try:
             await asyncio.wait_for(up.track_status((*ns, me), PROBE_TRACK), link.dial_timeout)
         except RequestRejected as e:

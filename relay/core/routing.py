@@ -37,6 +37,7 @@ from relay.session import (
 from relay.session.errors import SessionFailure
 from storage.interface import OBJECT_MAX
 
+from .announce import RETRY_FIRST, RETRY_MAX
 from .cache import stored_object
 from .namespaces import CACHE, PublisherEntry, Reach
 from .track import MarkerSpans, RelayTrack
@@ -53,8 +54,6 @@ log = logging.getLogger("kvcs.relay")
 RELAY_IMPLEMENTATION = "kvcs-relay/0.1 tree"
 
 ABSENT_TRACKS = 4096  # Track names remembered as answered DOES_NOT_EXIST upstream
-CHILD_RETRY_FIRST = 0.5  # seconds before a lower relay's namespaces are asked for again
-CHILD_RETRY_MAX = 5.0
 
 
 def upstream_fill(wanted: LocationFilter | None) -> LocationFilter:
@@ -70,16 +69,20 @@ def upstream_fill(wanted: LocationFilter | None) -> LocationFilter:
         return LocationFilter.absolute_start(wanted.start_group, wanted.start_object)
     return LocationFilter.absolute_start(0, 0)
 
-# Whose MOQT_IMPLEMENTATION says an upstream FETCH may carry FILL_TIMEOUT: our own (the
-# relays of a tree, sibling workers, our publishers). Any other gets none, as before, and
-# answers within its own default: moq-rs 0.5.1 refuses a FETCH with one (REQUEST_ERROR
-# NOT_SUPPORTED, "FILL_TIMEOUT not supported").
-FILL_TIMEOUT_IMPLEMENTATIONS = ("kvcs-relay/",)
+# The MOQT_IMPLEMENTATION of every session this code makes (relays of a tree, sibling
+# workers and peers, our publishers and consumers).
+KVCS_IMPLEMENTATIONS = ("kvcs-relay/",)
+
+
+def runs_this_code(session: MoqtSession) -> bool:
+    """The peer says in SETUP it runs this code: it may be sent what only this code answers
+    (FILL_TIMEOUT on an upstream FETCH: moq-rs 0.5.1 refuses a FETCH with one, REQUEST_ERROR
+    NOT_SUPPORTED "FILL_TIMEOUT not supported"; a loop probe)."""
+    return session.peer_implementation.startswith(KVCS_IMPLEMENTATIONS)
 
 
 def _fill_timeout(src: MoqtSession, budget: float) -> int | None:
-    return int(budget * 1000) \
-        if src.peer_implementation.startswith(FILL_TIMEOUT_IMPLEMENTATIONS) else None
+    return int(budget * 1000) if runs_this_code(src) else None
 
 
 class Routing:
@@ -262,7 +265,7 @@ class Routing:
         """Upstream FETCH of [start, end] into the cache; concurrent identical misses share
         one request (§14.7, coalescing). ``budget``: seconds left of the downstream
         request's FILL_TIMEOUT, passed on as the upstream FETCH's own (§14.7; to our own
-        peers only, see FILL_TIMEOUT_IMPLEMENTATIONS), so every hop of a tree spends the
+        peers only, see ``runs_this_code``), so every hop of a tree spends the
         consumer's budget, not its default. ``reach``: see :meth:`ensure_upstream`."""
         key = (track.full_name, start, end, reach)
         pending = self._fetches.get(key)
@@ -400,8 +403,7 @@ class Routing:
     def is_tree_relay(self, session: MoqtSession) -> bool:
         """A lower relay of this tree (it says so in SETUP): what it announces is learned
         namespace by namespace (``follow_child``), not routed by its prefix."""
-        setup = session.peer_setup
-        return setup is not None and setup.moqt_implementation == RELAY_IMPLEMENTATION
+        return session.peer_implementation == RELAY_IMPLEMENTATION
 
     def follow_child(self, session: MoqtSession, prefix: TrackNamespace,
                      admit: Callable[[TrackNamespace], bool]) -> Callable[[], None]:
@@ -428,7 +430,7 @@ class Routing:
         """Followed for as long as the announcement lives: a subscription that could not be
         made (no answer in time, no stream credit yet) or that the lower relay ended is
         asked again after a pause (doubling, capped), never given up."""
-        pause = CHILD_RETRY_FIRST
+        pause = RETRY_FIRST
         while not session.closed:
             try:
                 nsub = await asyncio.wait_for(session.subscribe_namespace(prefix),
@@ -437,7 +439,7 @@ class Routing:
                 log.info("lower relay's namespaces under %s not followed yet: %s",
                          format_namespace(prefix), str(e) or type(e).__name__)
             else:
-                pause = CHILD_RETRY_FIRST
+                pause = RETRY_FIRST
                 try:
                     await self.follow_namespaces(nsub, session, upstream=False, admit=admit)
                 finally:
@@ -445,7 +447,7 @@ class Routing:
             if session.closed:
                 return
             await asyncio.sleep(pause)  # a back-off timer: nothing to wait on
-            pause = min(pause * 2, CHILD_RETRY_MAX)
+            pause = min(pause * 2, RETRY_MAX)
 
     async def follow_namespaces(self, nsub: Any, source: MoqtSession, *,
                                 upstream: bool = True,

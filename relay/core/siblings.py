@@ -40,14 +40,14 @@ from relay.session import (
 )
 from relay.session.errors import SessionClosed, SessionFailure
 
+from .upstream import BACKOFF_FIRST, BACKOFF_MAX  # a failed peer link is dialled as one up
+
 if TYPE_CHECKING:
     from .relay import Relay
 
 log = logging.getLogger("kvcs.relay")
 
 SCAN_INTERVAL = 0.25  # seconds between two looks at the run directory
-BACKOFF_FIRST = 0.25  # seconds before a failed peer link is dialled again, doubling...
-BACKOFF_MAX = 5.0  # ...up to this
 # MOQT_IMPLEMENTATION of a sibling's session, followed by the dialling relay's instance
 SIBLING_IMPLEMENTATION = "kvcs-relay/0.1 sibling"
 SELF_LINK = "a sibling link to itself"  # the close reason of a relay's session to itself

@@ -275,11 +275,7 @@ class RelayHandler(SessionHandler):
         try:
             await track.ingest(sub)
         finally:
-            pending = track.pending_commit
-            if pending is None:
-                relay.namespaces.remove_publisher(entry)
-            else:  # until LMDB holds it (listed for LMDB's sake then), with no gap between
-                pending.add_done_callback(lambda _f: relay.namespaces.remove_publisher(entry))
+            relay.list_until_committed(track, entry)
 
     # -- discovery --------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from .announce import UpwardAnnouncer
 from .auth import Authorizer
 from .counters import Counters
 from .handler import RelayHandler
-from .namespaces import NamespaceTable, Reach
+from .namespaces import NamespaceTable, PublisherEntry, Reach
 from .persistence import Persistence
 from .push import UpstreamPush
 from .routing import Routing
@@ -45,6 +45,8 @@ log = logging.getLogger("kvcs.relay")
 # The relay evaluates every Range filter on every path, so it advertises more Ranges than the
 # session layer's client default (docs/relay.md, "Range filters").
 RELAY_MAX_FILTER_RANGES = 16
+# seconds between two looks at whether a pushed Track is committed yet, when nothing changes
+LISTED_RECHECK = 5.0
 
 
 def relay_session_config(options: RelayOptions) -> SessionConfig:
@@ -82,6 +84,7 @@ class Relay:
         self._connections = 0  # connections admitted, SETUP pending or done
         self.announcer: UpwardAnnouncer | None = None
         self.push: UpstreamPush | None = None
+        self._listing: set[asyncio.Task[None]] = set()  # list_until_committed
         # who this relay is in loop probes (docs/relay.md, "Cycles"); start_relay names it
         # after its port once it listens, a supervisor's workers share their relay's
         self.relay_id = loops.new_relay_id(0)
@@ -95,6 +98,26 @@ class Relay:
                 self.push = UpstreamPush(self)
         self.persistence = Persistence(store, self.namespaces, self.counters, clock)
         self.routing = Routing(self)
+
+    def list_until_committed(self, track: RelayTrack, entry: PublisherEntry) -> None:
+        """``entry`` listed the namespace of a Track pushed here with PUBLISH, whose push has
+        ended: it stays until LMDB holds the Track (the namespace is then listed for LMDB's
+        sake, with no gap between), or until the Track can never be committed (it did not
+        end with End of Track, its publisher failed, the registry forgot it). A first
+        commit attempt can come before the last Group is whole; the namespace must not be
+        withdrawn in between (the relay above would forget it and route nothing there)."""
+        task = asyncio.ensure_future(self._listed(track, entry))
+        self._listing.add(task)
+        task.add_done_callback(self._listing.discard)
+
+    async def _listed(self, track: RelayTrack, entry: PublisherEntry) -> None:
+        try:
+            while not track.committed and self.tracks.get(track.full_name) is track and \
+                    track.store.known_final(track.key) is not None and \
+                    not self.store.memory.is_aborted(track.key):
+                await track.wait_change(LISTED_RECHECK)
+        finally:
+            self.namespaces.remove_publisher(entry)
 
     def links(self) -> list[tuple[str, MoqtSession]]:
         """Every session of the relay by the kind of link it is: ``upstream`` (to the
@@ -234,6 +257,8 @@ class Relay:
             await self.announcer.close()
         if self.routing.upstream_namespaces is not None:
             self.routing.upstream_namespaces.close()
+        for task in list(self._listing):
+            task.cancel()
         if self.upstream is not None:
             await self.upstream.close()
 

@@ -13,6 +13,7 @@ import numpy as np
 from relay_helpers import TIMEOUT, client, complete_track, fetch_objects, make_ns, relay_at
 
 from relay.admin import links_state
+from relay.core.namespaces import CACHE, PublisherEntry
 from relay.core.relay import RelayOptions
 from relay.kvcs.namespace import content_prefix
 from relay.kvcs.plan import PublicationPlan
@@ -350,4 +351,38 @@ async def test_more_live_tracks_than_the_upstream_grants_streams_are_followed(
         assert len(got) == 2
     finally:
         await b.close()
+        await r.close()
+
+
+async def test_a_pushed_track_stays_listed_until_lmdb_holds_it(tmp_path: Path) -> None:
+    """The namespace of a Track pushed with PUBLISH alone stays listed after the push ended
+    until LMDB holds the Track (then for LMDB's sake), with no gap between, also when End of
+    Track came before its last Group was whole (a first commit attempt then found it
+    incomplete, and the relay above would otherwise forget the namespace meanwhile)."""
+    r = await relay_at(tmp_path / "r")
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        track = r.relay.track(name)
+        entry = PublisherEntry(name.namespace, CACHE)
+        r.relay.namespaces.add_publisher(entry)
+        store = r.relay.store
+        store.append(track.key, StoredObject(0, 0, 0, 0, ObjectStatus.NORMAL, b"", b"first"))
+        store.append(track.key, StoredObject(1, 0, 0, 0, ObjectStatus.END_OF_TRACK))
+        track.maybe_commit()  # End of Track known, Group 0 not whole: not committed
+        attempt = track.pending_commit
+        assert attempt is not None
+        await asyncio.wait_for(attempt, TIMEOUT)
+        assert not track.committed
+        r.relay.list_until_committed(track, entry)  # the push has ended
+        for _ in range(3):
+            await asyncio.sleep(0)  # its task runs its first look
+        assert entry in r.relay.namespaces.sources_of(name.namespace)
+        store.append(track.key, StoredObject(0, 0, 1, 0, ObjectStatus.END_OF_GROUP))
+        track.maybe_commit()
+        assert await r.relay.wait_committed(name, TIMEOUT)
+        async with asyncio.timeout(TIMEOUT):
+            while entry in r.relay.namespaces.sources_of(name.namespace):
+                await asyncio.sleep(0)
+        assert r.relay.namespaces.sources_of(name.namespace)  # listed for LMDB's sake now
+    finally:
         await r.close()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from storage.interface import Tier
 
 if TYPE_CHECKING:
-    from .track import ServeStats
+    from .range_serve import ServeStats
 
 
 class InFlight:

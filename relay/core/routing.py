@@ -40,7 +40,8 @@ from storage.interface import OBJECT_MAX
 from .announce import RETRY_FIRST, RETRY_MAX
 from .cache import stored_object
 from .namespaces import CACHE, PublisherEntry, Reach
-from .track import MarkerSpans, RelayTrack
+from .spans import MarkerSpans
+from .track import RelayTrack
 from .upstream import UNREACHABLE
 from .upstream_namespaces import UpstreamNamespaces
 

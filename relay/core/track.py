@@ -1,5 +1,6 @@
 """One relayed Track: its upstream subscription(s), its cache entries, its downstream
-Forwarders, and serving ranges of it from cache (fills and FETCH, §14.5, §14.6).
+Forwarders and its commit to LMDB. Serving ranges of it from cache (fills and FETCH,
+§14.5, §14.6) is the walk in range_serve.py.
 
 The relay never looks into payloads: Objects go from the upstream subscription into the
 store and out to Forwarders as opaque buffers (§14.9).
@@ -10,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from relay.moqt.codes import (
-    EndOfRangeType,
     GroupOrder,
     LocationFilterType,
     ObjectStatus,
@@ -26,7 +25,6 @@ from relay.moqt.location_filter import resolve_fetch_range, resolve_subscription
 from relay.moqt.primitives import FullTrackName, Location, format_full_track_name
 from relay.moqt.range_filter import ObjectFilter
 from relay.session import (
-    LinkError,
     RangeMarker,
     ReceivedObject,
     RequestCancelled,
@@ -41,16 +39,16 @@ from storage.interface import (
     AppendResult,
     ConflictError,
     Span,
-    SpanKind,
     StoredObject,
-    Tier,
     TrackKey,
 )
 
 from . import cache
 from .cache import status_object, stored_object
 from .counters import Counters
+from .range_serve import InFlightFetch, RangeWriter, ServeStats, UpstreamFetch, serve_range
 from .scheduler import DEFAULT_PUBLISHER_PRIORITY
+from .spans import MarkerSpans, Spans
 
 if TYPE_CHECKING:
     from storage.tiered import TieredStore
@@ -63,108 +61,9 @@ log = logging.getLogger("kvcs.relay")
 # about the relay's own upstream subscription and become INTERNAL_ERROR.
 _PASS_THROUGH = {PublishDoneCode.TRACK_ENDED, PublishDoneCode.MALFORMED_TRACK}
 
-# (track, start, end, budget): upstream FETCH of [start, end] with ``budget`` seconds of the
-# request's FILL_TIMEOUT left (Routing.fetch_upstream)
-UpstreamFetch = Callable[["RelayTrack", Location, Location, float], Awaitable[bool]]
-# The upstream FETCH on its way whose range holds a Location, if any (Routing).
-InFlightFetch = Callable[["RelayTrack", Location], "asyncio.Future[Any] | None"]
-
-# Bytes of Objects read from the store in one step of a walk before they are written: LMDB
-# views cannot outlive the step, so the LMDB-held ones among them are copied.
-READ_BATCH = 256 * 1024
-
 # Pauses between attempts of a commit LMDB could not take (seconds, doubling up to the max).
 COMMIT_RETRY_FIRST = 0.05
 COMMIT_RETRY_MAX = 5.0
-
-
-Spans = list[tuple[Location, Location]]
-
-
-class RangeWriter(Protocol):
-    """A fetch or fill fetch stream as ``serve_range`` writes it (``FetchWriter``, or one
-    scheduled among the session's other writes)."""
-
-    async def write_object(self, group: int, subgroup: int | None, object_id: int,
-                           priority: int, payload: Any, *, properties: bytes | None = None
-                           ) -> None: ...
-
-    async def write_marker(self, kind: EndOfRangeType, end_group: int, end_object: int
-                           ) -> None: ...
-
-    def reset(self, code: int) -> None: ...
-
-
-def _after(loc: Location) -> Location:
-    return Location(loc.group, loc.object + 1) if loc.object < OBJECT_MAX \
-        else Location(loc.group + 1, 0)
-
-
-def _before(loc: Location) -> Location:
-    return Location(loc.group, loc.object - 1) if loc.object > 0 \
-        else Location(loc.group - 1, OBJECT_MAX)
-
-
-def _gaps(start: Location, end: Location, covered: Sequence[tuple[Location, Location]]
-          ) -> Spans:
-    """The parts of the inclusive span [start, end] outside every inclusive range of
-    ``covered`` (in any order)."""
-    out: Spans = []
-    cur = start
-    for lo, hi in sorted(covered):
-        if hi < cur:
-            continue
-        if lo > end:
-            break
-        if lo > cur:
-            out.append((cur, _before(lo)))
-        if hi >= end:
-            return out
-        cur = _after(hi)
-    if cur <= end:
-        out.append((cur, end))
-    return out
-
-
-class MarkerSpans:
-    """What an upstream fetch or fill stream said, element by element: the Locations of
-    its Objects, and the Unknown and Timed-Out ranges of its End of Range markers (§11.7;
-    each covers every Location after the previous element up to and including the
-    marker's). Once the stream ended with FIN, everything else it covered does not exist
-    (§10 item 6), but the marked ranges say nothing about existence (§14.9: a relay MUST
-    NOT turn unknown into does-not-exist)."""
-
-    def __init__(self, start: Location) -> None:
-        self.next = start  # the first Location after the previous element
-        self.unknown: Spans = []
-        self.delivered: Spans = []  # runs of consecutive Objects, in stream order
-
-    def element(self, loc: Location) -> None:
-        self.next = _after(loc)
-
-    def object(self, loc: Location) -> None:
-        d = self.delivered
-        if d and _after(d[-1][1]) == loc:
-            d[-1] = (d[-1][0], loc)
-        else:
-            d.append((loc, loc))
-        self.element(loc)
-
-    def marker(self, ev: RangeMarker) -> None:
-        if ev.type != EndOfRangeType.NON_EXISTENT and ev.end >= self.next:
-            self.unknown.append((self.next, ev.end))
-        self.element(ev.end)
-
-    def gap_before(self, loc: Location) -> Spans:
-        """The Locations an element at ``loc`` skips: the stream is in order, so they are
-        not there (a marker would have said unknown), whether or not a FIN follows."""
-        return [(self.next, _before(loc))] if self.next < loc else []
-
-    def absent(self, start: Location, end: Location) -> Spans:
-        """The Locations of [start, end] the stream, ended with FIN, skipped: they do not
-        exist. Decided on what the stream carried, never on what the cache holds after it:
-        an Object it delivered that the cache has evicted since is unknown, not absent."""
-        return _gaps(start, end, self.delivered + self.unknown)
 
 
 def _fill_start(sub: Subscription) -> Location | None:
@@ -176,47 +75,6 @@ def _fill_start(sub: Subscription) -> Location | None:
         return None
     rng = resolve_fetch_range(fill.location_filter, sub.largest)
     return rng.start if rng is not None and not rng.is_empty else None
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Reads a finished upstream FETCH's outcome, so one that nobody awaits any more (the
-    walk went on) does not log "exception never retrieved"."""
-    if not task.cancelled():
-        task.exception()
-
-
-class _ReadAhead:
-    """The upstream FETCHes one serving walk asked past the span it stood on (``end``:
-    how far it may ask, None for none: a Descending walk, or one with Object ID filters,
-    asks span by span), each with the range it holds."""
-
-    def __init__(self, end: Location | None) -> None:
-        self.end = end
-        self._jobs: list[tuple[Location, Location, asyncio.Future[Any]]] = []
-
-    def add(self, start: Location, end: Location, job: asyncio.Future[Any]) -> None:
-        self._jobs.append((start, end, job))
-
-    def holding(self, at: Location) -> asyncio.Future[Any] | None:
-        """The last FETCH asked whose range holds ``at`` (done or not)."""
-        for start, end, job in reversed(self._jobs):
-            if start <= at <= end:
-                return job
-        return None
-
-    def cancel(self) -> None:
-        for _, _, job in self._jobs:
-            job.cancel()
-
-
-@dataclass
-class ServeStats:
-    objects: int = 0
-    bytes: int = 0
-    by_tier: dict[Tier, int] = field(default_factory=dict)
-    markers: int = 0
-    upstream_fetches: int = 0
-    reset: bool = False
 
 
 class RelayTrack:
@@ -491,208 +349,19 @@ class RelayTrack:
         for f in list(self.forwarders):
             f.upstream_done(code, reason)
 
-    # -- serving ranges from cache (fills and FETCH) ----------------------------------------------
+    # -- serving ranges from cache (fills and FETCH): relay/core/range_serve.py -------------------
 
     async def serve_range(self, writer: RangeWriter, start: Location, end: Location,
                           order: GroupOrder, flt: ObjectFilter | None,
                           budget: float, upstream_fetch: UpstreamFetch,
                           in_flight_wait: float = 1.0,
                           in_flight: InFlightFetch | None = None) -> ServeStats:
-        """Write every Object of [start, end] the cache holds or can obtain, in ``order``,
-        that passes the request's Range filters ``flt`` (§6.5).
+        """Write every Object of [start, end] the cache holds or can obtain (see
+        ``range_serve.serve_range``)."""
+        return await serve_range(self, writer, start, end, order, flt, budget, upstream_fetch,
+                                 in_flight_wait, in_flight)
 
-        Unknown spans are waited for (Objects still in flight on the upstream subscription,
-        or on an upstream FETCH already on its way: ``in_flight``), then fetched upstream
-        (``upstream_fetch``), within ``budget`` seconds (FILL_TIMEOUT);
-        what stays unknown is reported with an End of Range marker (§14.5 step 3), or, where
-        §17 item 20 forbids a marker, by resetting the stream with UNKNOWN_OBJECT_STATUS.
-        """
-        stats = ServeStats()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget
-        # Object IDs no Object can pass are not even walked (nor asked upstream); the other
-        # filters need the Object itself (its Subgroup, priority, Properties): an unknown
-        # span stays to be resolved, and what it brings is filtered like the rest.
-        id_ranges = flt.object_ids() if flt is not None else None
-        # Ascending, an unknown span is asked upstream with the unknown run after it (one
-        # FETCH, not a round trip per Group), and served as it arrives: see _resolve. Not
-        # with Object ID filters: the run would bring every Object of its Groups, where the
-        # walk's spans ask only for the IDs that pass.
-        ahead = _ReadAhead(end if order != GroupOrder.DESCENDING and id_ranges is None
-                           else None)
-        groups = range(start.group, end.group + 1)
-        if order == GroupOrder.DESCENDING:
-            groups = range(end.group, start.group - 1, -1)
-        try:
-            await self._walk(writer, groups, start, end, id_ranges, flt, stats, deadline,
-                             upstream_fetch, in_flight_wait, in_flight, ahead)
-        except BaseException:
-            ahead.cancel()  # nobody is served by what it would bring any more
-            raise
-        return stats
-
-    async def _walk(self, writer: RangeWriter, groups: range, start: Location, end: Location,
-                    id_ranges: list[tuple[int, int | None]] | None, flt: ObjectFilter | None,
-                    stats: ServeStats, deadline: float, upstream_fetch: UpstreamFetch,
-                    in_flight_wait: float, in_flight: InFlightFetch | None,
-                    ahead: _ReadAhead) -> None:
-        loop = asyncio.get_running_loop()
-        last_group: int | None = None  # Group of the last element written
-        attempted: set[tuple[Location, Location]] = set()
-        for g in groups:
-            lo = start.object if g == start.group else 0
-            hi = end.object if g == end.group else OBJECT_MAX
-            cursor = lo
-            while cursor is not None and cursor <= hi:
-                span, cursor, last_group = await self._serve_group(
-                    writer, g, cursor, hi, id_ranges, flt, stats, last_group)
-                if span is None:
-                    break
-                key = (span.start, span.end)
-                resolved = False
-                if key not in attempted:
-                    attempted.add(key)
-                    resolved = await self._resolve(span, deadline, upstream_fetch, stats,
-                                                   in_flight_wait, in_flight, ahead)
-                if resolved:
-                    cursor = span.start.object
-                    continue
-                timed_out = loop.time() >= deadline
-                kind = EndOfRangeType.TIMED_OUT if timed_out else EndOfRangeType.UNKNOWN
-                if last_group == g:
-                    # §17 item 20: a marker cannot end in the Group of the previous element.
-                    writer.reset(StreamResetCode.UNKNOWN_OBJECT_STATUS)
-                    stats.reset = True
-                    return
-                await writer.write_marker(kind, span.end.group, span.end.object)
-                stats.markers += 1
-                last_group = g
-                nxt = span.end.object + 1
-                cursor = nxt if span.end.object < OBJECT_MAX else None
-
-    async def _serve_group(self, writer: RangeWriter, g: int, cursor: int, hi: int,
-                           id_ranges: list[tuple[int, int | None]] | None,
-                           flt: ObjectFilter | None, stats: ServeStats,
-                           last_group: int | None) -> tuple[Span | None, int | None, int | None]:
-        """Write Group ``g`` from ``cursor`` to ``hi``; stop at the first unknown span.
-
-        No read session stays open across a write (a stalled consumer would keep LMDB from
-        growing its map, storage/lmdb_store.py): each batch is read in one synchronous step,
-        with the LMDB-held payloads in it copied out (memory-tier ones are kept as they
-        are), then written."""
-        while True:
-            batch, span, nxt = self._read_batch(g, cursor, hi, id_ranges, flt)
-            for tier, item in batch:
-                sub = None if item.datagram else item.subgroup
-                props = bytes(item.properties) if item.properties else None
-                await writer.write_object(item.group, sub, item.object_id, item.priority,
-                                          item.payload, properties=props)
-                stats.objects += 1
-                stats.bytes += len(item.payload)
-                stats.by_tier[tier] = stats.by_tier.get(tier, 0) + 1
-                last_group = g
-            if span is not None:
-                return span, span.start.object, last_group
-            if nxt is None:
-                return None, None, last_group
-            cursor = nxt
-
-    def _read_batch(self, g: int, cursor: int, hi: int,
-                    id_ranges: list[tuple[int, int | None]] | None, flt: ObjectFilter | None
-                    ) -> tuple[list[tuple[Tier, StoredObject]], Span | None, int | None]:
-        """The Objects of Group ``g`` from ``cursor`` to write next (about ``READ_BATCH``
-        bytes), safe to keep once the read session is closed; then the unknown span that
-        stops the walk, or the Object ID to read on from (None: the Group is done)."""
-        out: list[tuple[Tier, StoredObject]] = []
-        size = 0
-        with self.store.reader() as r:
-            for tier, item in cache.walk(r, self.key, Location(g, cursor), Location(g, hi),
-                                         id_ranges):
-                if isinstance(item, Span):
-                    if item.kind == SpanKind.NON_EXISTENT:
-                        continue
-                    sp = self._still_unknown(item)
-                    if sp is None:
-                        continue
-                    return out, sp, None
-                if item.status != ObjectStatus.NORMAL:
-                    continue
-                sub = None if item.datagram else item.subgroup
-                if flt is not None and not flt.passes(sub, item.object_id, item.priority,
-                                                      item.properties):
-                    continue
-                if size >= READ_BATCH:
-                    return out, None, item.object_id
-                out.append((tier, item.copy() if tier == Tier.LMDB else item))
-                size += item.nbytes
-        return out, None, None
-
-    async def _resolve(self, span: Span, deadline: float, upstream_fetch: UpstreamFetch,
-                       stats: ServeStats, in_flight_wait: float,
-                       in_flight: InFlightFetch | None = None,
-                       ahead: _ReadAhead | None = None) -> bool:
-        """Try to turn an unknown span into known Objects; True if anything changed."""
-        if self._span_changed(span):
-            # found before the Objects ahead of it were written, which can take long (a
-            # slow consumer): an upstream FETCH may have brought it and ended meanwhile
-            return True
-        loop = asyncio.get_running_loop()
-        pending = in_flight(self, span.start) if in_flight is not None else None
-        mine = ahead.holding(span.start) if ahead is not None else None
-        for fetch in (pending, mine):
-            # An upstream FETCH on its way holds the span (a pull-through's, another
-            # request's, or this walk's own run): what it brings is cached as it arrives, so
-            # wait for that, not for all of it; asked again below only if it ends without
-            # telling.
-            if fetch is not None and await self._changed_while(fetch, span, deadline):
-                return True
-        if mine is not None and mine.done() and not mine.cancelled() and \
-                mine.exception() is None and mine.result():
-            return False  # this walk's own FETCH was answered and left the span unknown
-        largest = self.largest()
-        if self.live and largest is not None and span.start <= largest and \
-                self._may_come_live(span):
-            # Objects at or below L may still be in flight on the upstream subscription.
-            wait_until = min(deadline, loop.time() + in_flight_wait)
-            while loop.time() < wait_until:
-                if not await self.wait_change(wait_until - loop.time()):
-                    break
-                if self._span_changed(span):
-                    return True
-        if loop.time() >= deadline:
-            return False
-        stats.upstream_fetches += 1
-        to = span.end
-        if ahead is not None and ahead.end is not None:
-            to = self._unknown_run_end(span, ahead.end)
-        left = max(0.0, deadline - loop.time())
-        job = asyncio.ensure_future(asyncio.wait_for(upstream_fetch(self, span.start, to, left),
-                                                     left))
-        job.add_done_callback(_retrieve)
-        if to != span.end:
-            assert ahead is not None
-            ahead.add(span.start, to, job)
-            # the rest of the run is served as it arrives, while the FETCH goes on
-            if await self._changed_while(job, span, deadline):
-                return True
-        try:
-            await job
-        except (TimeoutError, LinkError, SessionClosed):
-            return False
-        return self._span_changed(span)
-
-    async def _changed_while(self, fetch: asyncio.Future[Any], span: Span, deadline: float
-                             ) -> bool:
-        """True as soon as ``span`` changes while ``fetch`` is on its way (until the
-        deadline); False once it is done without changing it."""
-        loop = asyncio.get_running_loop()
-        while not fetch.done() and loop.time() < deadline:
-            await self.wait_change_or(fetch, deadline - loop.time())
-            if self._span_changed(span):
-                return True
-        return False
-
-    def _may_come_live(self, span: Span) -> bool:
+    def may_come_live(self, span: Span) -> bool:
         """Objects of ``span`` may still arrive on an upstream subscription: not if each one
         is a Next Object subscription whose start (its Largest Object when it was answered)
         is at or past the span's end and whose fill, if any, starts after it: a relay that
@@ -708,43 +377,12 @@ class RelayTrack:
             return True
         return False
 
-    def _unknown_run_end(self, span: Span, end: Location) -> Location:
-        """Where the unknown run that starts with ``span`` ends, up to ``end``: the last
-        Location of the cache's unknown Span from there (across Groups) not known absent.
-        Known-absent Locations inside the run are asked with it (one range, not one FETCH
-        per piece); the answer can only confirm them (§14.9 forbids the other way)."""
-        stop = span.end
-        with self.store.reader() as r:
-            for _, item in cache.walk(r, self.key, span.start, end):
-                if isinstance(item, Span) and item.kind == SpanKind.UNKNOWN and \
-                        tuple(item.start) == tuple(span.start):
-                    stop = max(stop, Location(*item.end))
-                break
-        moved = True
-        while moved and stop > span.end:
-            moved = False
-            for a_start, a_end in self.absent:
-                if a_start <= stop <= a_end:
-                    stop, moved = max(span.end, _before(a_start)), True
-        return stop
-
-    def _span_changed(self, span: Span) -> bool:
-        if self._still_unknown(span) != span:
-            return True
-        with self.store.reader() as r:
-            for _, item in cache.walk(r, self.key, span.start, span.end):
-                if not (isinstance(item, Span) and item.kind == SpanKind.UNKNOWN
-                        and tuple(item.start) == tuple(span.start)
-                        and tuple(item.end) == tuple(span.end)):
-                    return True
-        return False
-
     def mark_absent(self, spans: Spans) -> None:
         """Record ``spans`` as known not to exist (see ``absent``)."""
         self.absent += spans
         self._bump()
 
-    def _still_unknown(self, span: Span) -> Span | None:
+    def still_unknown(self, span: Span) -> Span | None:
         """The part of an unknown single-Group span not covered by ``absent`` (from its
         start); None when all of it is known absent."""
         start = span.start
@@ -779,5 +417,4 @@ class RelayTrack:
         self._bump()
 
 
-__all__ = ["InFlightFetch", "MarkerSpans", "RangeWriter", "RelayTrack", "ServeStats",
-           "UpstreamFetch"]
+__all__ = ["RelayTrack"]

@@ -91,7 +91,7 @@ def state(relay_admin: str, token_file: Path) -> None:
 @admin.command("purge")
 @_options
 @click.option("--prefix", required=True, metavar="NS",
-              help="Namespace prefix in printed form, e.g. kvcs-1/<scope hex>/<compat hex>.")
+              help="Namespace prefix as kvcs admin state prints it, e.g. kvcs-1/hex:<scope>.")
 def purge(relay_admin: str, token_file: Path, prefix: str) -> None:
     """Remove every Track under a namespace prefix from memory and LMDB; print what went."""
     doc = call(relay_admin, _token(token_file), "/admin/purge", {"prefix": prefix})

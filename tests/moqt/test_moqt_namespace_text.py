@@ -29,7 +29,7 @@ fields = st.one_of(st.sampled_from(AWKWARD), st.binary(max_size=40),
                    st.text(max_size=12).map(str.encode))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(fields, max_size=8))
 @example([b"kvcs-1", b"/", b"", b"hex:ab"])
 def test_every_namespace_reads_back_as_itself(ns: list[bytes]) -> None:

@@ -8,7 +8,7 @@ constant time; a wrong or missing one is 401, changes nothing and is counted
 
 Namespaces are shown and given in the one namespace text form (relay/moqt/namespace_text.py:
 ``kvcs-1/hex:<scope>/hex:<compat>/hex:<anchor>/hex:<pub>``), the form the token table, the
-peers and the logs use; Track Names as a namespace field is (text, or ``hex:…``).
+peers and the logs use; a Track Name is written as one of its fields is.
 """
 
 from __future__ import annotations

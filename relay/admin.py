@@ -6,8 +6,9 @@ listen address; every request must carry ``Authorization: Bearer <token>``, comp
 constant time; a wrong or missing one is 401, changes nothing and is counted
 (``kvcs_relay_admin_unauthorized_total``). The token is never logged.
 
-Namespaces are shown and given in the CLI's printed form: the first field as text, the other
-fields in lower-case hex, joined by ``/`` (``kvcs-1/<scope>/<compat>/<anchor>/<pub>``).
+Namespaces are shown and given in the one namespace text form (relay/moqt/namespace_text.py:
+``kvcs-1/hex:<scope>/hex:<compat>/hex:<anchor>/hex:<pub>``), the form the token table, the
+peers and the logs use; a Track Name is written as one of its fields is.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from relay.core.purge import known_tracks, purge, tiers_of
 from relay.http import Answer, BadRequest, read_body
+from relay.moqt.namespace_text import format_field, format_namespace, parse_namespace
 from relay.moqt.primitives import FullTrackName, TrackNamespace
 
 if TYPE_CHECKING:
@@ -36,38 +38,25 @@ SIBLING_ROUTES = PREFIX + "purge-sibling-routes"
 JSON = "application/json"
 
 
-def format_namespace(ns: Sequence[bytes]) -> str:
-    """``kvcs-1/00ff…/…``: first field as text, the others lower-case hex."""
-    if not ns:
-        return ""
-    return "/".join([ns[0].decode("utf-8", "backslashreplace"), *(f.hex() for f in ns[1:])])
-
-
-def parse_namespace(text: str) -> TrackNamespace:
-    """The inverse of :func:`format_namespace`; a prefix may stop after any field."""
-    parts = text.strip().strip("/").split("/")
-    if not parts[0]:
-        raise BadRequest("prefix is empty: name at least the first field, e.g. kvcs-1")
+def parse_prefix(text: str) -> TrackNamespace:
+    """A purge's prefix: namespace text naming at least the first field."""
     try:
-        return (parts[0].encode(), *(bytes.fromhex(p) for p in parts[1:]))
-    except ValueError:
-        raise BadRequest(f"prefix {text!r}: fields after the first must be hex") from None
-
-
-def format_track_name(name: bytes) -> str:
-    """Text when printable ASCII (every KVCS name is), else ``hex:…``."""
-    if name.isascii() and name.decode().isprintable():
-        return name.decode()
-    return "hex:" + name.hex()
+        prefix = parse_namespace(text)
+    except ValueError as e:
+        raise BadRequest(f"prefix {text!r}: {e}") from None
+    if not prefix:
+        raise BadRequest("prefix is empty: name at least the first field, e.g. kvcs-1")
+    return prefix
 
 
 def scope_totals(tracks: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Tracks and bytes per tier per scope (the namespace's second field), from the
-    ``tracks`` entries of ``GET /admin/state``."""
+    """Tracks and bytes per tier per scope (the namespace's second field, in hex as in
+    ``[scopes."<hex>"]`` and the metrics' ``scope`` label), from the ``tracks`` entries of
+    ``GET /admin/state``."""
     scopes: dict[str, dict[str, int]] = {}
     for t in tracks:
-        fields = t["namespace"].split("/")
-        sc = scopes.setdefault(fields[1] if len(fields) > 1 else "", {"tracks": 0})
+        fields = parse_namespace(t["namespace"])
+        sc = scopes.setdefault(fields[1].hex() if len(fields) > 1 else "", {"tracks": 0})
         sc["tracks"] += 1
         for tier, n in t["bytes"].items():
             sc[f"{tier}_bytes"] = sc.get(f"{tier}_bytes", 0) + n
@@ -228,7 +217,7 @@ class AdminApi:
         rt = relay.tracks.get(FullTrackName(*key))
         tiers = tiers_of(relay, key)
         largest = rt.largest() if rt is not None else relay.store.largest_object(key)
-        return {"namespace": format_namespace(key[0]), "name": format_track_name(key[1]),
+        return {"namespace": format_namespace(key[0]), "name": format_field(key[1]),
                 "tiers": sorted(tiers), "bytes": tiers,
                 "complete": relay.store.is_complete(key),
                 # its publisher failed: served as far as held, never persisted
@@ -243,7 +232,7 @@ class AdminApi:
                  format_namespace(prefix), len(res.removed), res.subscriptions_ended)
         return {"prefix": format_namespace(prefix),
                 "removed": [{"namespace": format_namespace(r.key[0]),
-                             "name": format_track_name(r.key[1]), "tiers": r.tiers,
+                             "name": format_field(r.key[1]), "tiers": r.tiers,
                              "bytes": r.bytes} for r in res.removed],
                 "subscriptions_ended": res.subscriptions_ended,
                 "namespaces_done": [format_namespace(ns) for ns in res.namespaces_done]}
@@ -262,8 +251,8 @@ def _namespace_list(body: bytes) -> list[TrackNamespace]:
     if not isinstance(doc, dict) or set(doc) != {"namespaces"} or \
             not isinstance(doc["namespaces"], list) or \
             not all(isinstance(x, str) for x in doc["namespaces"]):
-        raise BadRequest('expected {"namespaces": ["kvcs-1/<hex>/...", ...]}')
-    return [parse_namespace(x) for x in doc["namespaces"]]
+        raise BadRequest('expected {"namespaces": ["kvcs-1/hex:<scope>/...", ...]}')
+    return [parse_prefix(x) for x in doc["namespaces"]]
 
 
 def _purge_prefix(body: bytes) -> TrackNamespace:
@@ -271,11 +260,11 @@ def _purge_prefix(body: bytes) -> TrackNamespace:
         doc = json.loads(body or b"null")
     # RecursionError: a deeply nested body ("[" x 60,000 fits in 64 KiB) is malformed too
     except (ValueError, UnicodeDecodeError, RecursionError):
-        raise BadRequest('body is not JSON: expected {"prefix": "kvcs-1/<hex>/..."}') from None
+        raise BadRequest('body is not JSON: expected {"prefix": "kvcs-1/hex:<scope>/..."}') \
+            from None
     if not isinstance(doc, dict) or set(doc) != {"prefix"} or not isinstance(doc["prefix"], str):
-        raise BadRequest('expected {"prefix": "kvcs-1/<hex>/..."} and nothing else')
-    return parse_namespace(doc["prefix"])
+        raise BadRequest('expected {"prefix": "kvcs-1/hex:<scope>/..."} and nothing else')
+    return parse_prefix(doc["prefix"])
 
 
-__all__ = ["SIBLING_ROUTES", "AdminApi", "AdminAuth", "format_namespace", "format_track_name",
-           "parse_namespace"]
+__all__ = ["SIBLING_ROUTES", "AdminApi", "AdminAuth", "parse_prefix", "scope_totals"]

@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from relay.session.tokens import read_token_file
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 3
@@ -28,12 +30,10 @@ def _fail(message: str, code: int) -> None:
 
 def _token(path: Path) -> str:
     try:
-        token = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        _fail(f"token file {path}: {getattr(e, 'strerror', None) or e}", EXIT_USAGE)
-    if not token:
-        _fail(f"token file {path} is empty", EXIT_USAGE)
-    return token
+        return read_token_file(path).decode()
+    except ValueError as e:
+        _fail(f"token file: {e}", EXIT_USAGE)
+    return ""  # unreachable: _fail exits
 
 
 def call(base: str, token: str, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -91,7 +91,7 @@ def state(relay_admin: str, token_file: Path) -> None:
 @admin.command("purge")
 @_options
 @click.option("--prefix", required=True, metavar="NS",
-              help="Namespace prefix in printed form, e.g. kvcs-1/<scope hex>/<compat hex>.")
+              help="Namespace prefix as kvcs admin state prints it, e.g. kvcs-1/hex:<scope>.")
 def purge(relay_admin: str, token_file: Path, prefix: str) -> None:
     """Remove every Track under a namespace prefix from memory and LMDB; print what went."""
     doc = call(relay_admin, _token(token_file), "/admin/purge", {"prefix": prefix})

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from relay.moqt.namespace_text import parse_namespace
 from relay.options import (
     ENV_PREFIX,
     PASSED_ON,
@@ -259,6 +260,11 @@ def _auth_tokens(table: Any, where: str) -> list[dict[str, Any]]:
         for r in t.get("roles", []):
             if r not in {x.value for x in Role}:
                 raise ConfigError(f"{at}.roles: unknown role {r!r} (publish, subscribe)")
+        for p in t.get("prefixes", []):
+            try:
+                parse_namespace(p)
+            except ValueError as e:
+                raise ConfigError(f"{at}.prefixes: {e}") from None
         out.append({"token": t["token"], "prefixes": list(t.get("prefixes", [])),
                     "roles": list(t.get("roles", []))})
     return out
@@ -433,18 +439,13 @@ def _scope_table(table: Any, where: str) -> dict[bytes, tuple[int | None, int | 
 
 
 def _admin_token(path: Path | None, source: str) -> str | None:
-    """The admin API's token: the file's text, surrounding whitespace removed."""
+    """The admin API's token (at least 16 characters: it guards purges)."""
     if path is None:
         return None
     try:
-        token = Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"admin_token_file ({source}): cannot read {path}: "
-                          f"{getattr(e, 'strerror', None) or e}") from None
-    if len(token) < 16 or any(c.isspace() for c in token):
-        raise ConfigError(f"admin_token_file ({source}): {path} must hold one token of at "
-                          "least 16 characters")
-    return token
+        return read_token_file(path, min_length=16).decode()
+    except ValueError as e:
+        raise ConfigError(f"admin_token_file ({source}): {e}") from None
 
 
 def _show(v: Any) -> str:

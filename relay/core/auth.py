@@ -1,10 +1,11 @@
 """Authorization per scope: tokens map to Track Namespace prefixes and roles.
 
-Configuration (TOML/JSON)::
+Configuration (TOML; the prefix is the namespace text form of relay/moqt/namespace_text.py,
+as ``kvcs admin state`` prints it; here the scope ("kvcs-1", 0x00ff))::
 
     [[auth.tokens]]
     token = "s3cret"                 # compared in constant time
-    prefixes = ["kvcs-1/<hex scope_id>"]  # fields separated by "/", each text or "hex:..."
+    prefixes = ["kvcs-1/hex:00ff"]   # fields joined by "/", each text or "hex:" and octets
     roles = ["publish", "subscribe"]
 
 Without any token the relay is open (development) and logs so at start. A request is allowed
@@ -19,6 +20,7 @@ import hmac
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from relay.moqt.namespace_text import parse_namespace
 from relay.moqt.primitives import TrackNamespace, namespace_matches_prefix
 from relay.moqt.token import Token
 from relay.options import Role  # what a token grants is part of its configuration
@@ -31,16 +33,6 @@ class Grant:
     roles: frozenset[Role]
 
 
-def parse_prefix(text: str) -> TrackNamespace:
-    """``kvcs-1/hex:00ff…`` → (b"kvcs-1", b"\\x00\\xff…"); fields joined by "/"."""
-    fields: list[bytes] = []
-    for part in text.split("/"):
-        if not part:
-            continue
-        fields.append(bytes.fromhex(part[4:]) if part.startswith("hex:") else part.encode())
-    return tuple(fields)
-
-
 class Authorizer:
     def __init__(self, grants: Sequence[Grant] = ()) -> None:
         self.grants = tuple(grants)
@@ -50,7 +42,7 @@ class Authorizer:
         grants = []
         for e in entries:
             token = str(e["token"]).encode()
-            prefixes = tuple(parse_prefix(str(p)) for p in e.get("prefixes", []))  # type: ignore[attr-defined]
+            prefixes = tuple(parse_namespace(str(p)) for p in e.get("prefixes", []))  # type: ignore[attr-defined]
             roles = frozenset(Role(str(r)) for r in e.get("roles", []))  # type: ignore[attr-defined]
             grants.append(Grant(token, prefixes, roles))
         return cls(grants)

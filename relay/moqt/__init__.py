@@ -14,7 +14,8 @@ Public API (all re-exported here):
   ``RequestError(code, reason)`` (answer REQUEST_ERROR). Encoders raise ``ValueError``.
 * Primitives — ``Location`` (ordered), ``LocationRange``, ``TrackNamespace`` (tuple of bytes),
   ``FullTrackName``, ``namespace_matches_prefix``, ``namespace_suffix``, ``prefixes_overlap``,
-  ``format_full_track_name`` / ``format_namespace`` (log text form of §2.7).
+  ``format_full_track_name`` / ``format_namespace`` (the one text form of a namespace:
+  relay/moqt/namespace_text.py, also ``parse_namespace``).
 * Key-Value-Pairs — ``KeyValuePair``, ``Properties``, ``encode_kvps``, ``kvps_from_bytes``,
   ``validate_track_properties``. Tokens — ``Token``, ``encode_token``, ``decode_token``.
 * Filters — ``LocationFilter`` (+ ``resolve_subscription_range`` / ``resolve_fetch_range``

@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from .errors import protocol_violation
+
+# The text form (logs, tokens, admin, peers) is namespace_text's; re-exported for the codec's users.
+from .namespace_text import format_full_track_name, format_namespace
 from .reader import Reader
 from .vi64 import encode_vi64
 
@@ -168,7 +171,7 @@ def decode_reason(r: Reader) -> str:
     return r.length_prefixed(MAX_REASON_PHRASE, "Reason Phrase").decode(errors="replace")
 
 
-# --- Prefix matching and the log text form ----------------------------------------------------
+# --- Prefix matching --------------------------------------------------------------------------
 
 
 def namespace_matches_prefix(ns: Sequence[bytes], prefix: Sequence[bytes]) -> bool:
@@ -188,18 +191,3 @@ def prefixes_overlap(a: Sequence[bytes], b: Sequence[bytes]) -> bool:
     return namespace_matches_prefix(a, b) or namespace_matches_prefix(b, a)
 
 
-_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
-
-
-def _escape(field: bytes) -> str:
-    return "".join(chr(c) if c in _SAFE else f".{c:02x}" for c in field)
-
-
-def format_namespace(ns: Sequence[bytes]) -> str:
-    """Log text form of a namespace: fields joined by ``-``, unsafe bytes as ``.hh``."""
-    return "-".join(_escape(f) for f in ns)
-
-
-def format_full_track_name(ns: Sequence[bytes], name: bytes) -> str:
-    """Log text form (§2.7): ``<namespace>--<name>``."""
-    return f"{format_namespace(ns)}--{_escape(name)}"

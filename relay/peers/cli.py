@@ -355,7 +355,8 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--keys", type=click.Path(exists=True, file_okay=False, path_type=Path),
                      help="Producer key store: a directory of <kid>.pem public keys."),
         click.option("--namespace", "namespaces", multiple=True, metavar="NS",
-                     help="A publication known from an index (kvcs-1/<hex>/...), tried "
+                     help="A publication known from an index (kvcs-1/hex:<scope>/..., as "
+                          "kvcs publish prints it), tried "
                           "before discovery (repeatable)."),
         click.option("--index-blocks", type=int,
                      help="Leading blocks the index says the --namespace publication shares "

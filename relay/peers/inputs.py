@@ -11,6 +11,7 @@ from relay.kvcs.errors import KvcsError
 from relay.kvcs.identifiers import load_scope_key, tokens_be
 from relay.kvcs.kvfile import KvFile, read_kvfile
 from relay.kvcs.namespace import KvcsNamespace, parse_namespace
+from relay.moqt import namespace_text
 
 from .errors import InputError
 
@@ -91,16 +92,14 @@ def load_key(path: PathLike) -> bytes:
 
 
 def format_namespace(ns: KvcsNamespace) -> str:
-    """``kvcs-1/<scope>/<compat>/<anchor>/<pub>`` with the raw fields in lower-case hex."""
-    return "/".join(["kvcs-1", ns.scope_id.hex(), ns.compat_id.hex(), ns.anchor_key.hex(),
-                     ns.pub_id.hex()])
+    """``kvcs-1/hex:<scope>/hex:<compat>/hex:<anchor>/hex:<pub>``: the one namespace text
+    form (relay/moqt/namespace_text.py), as the relay's admin API, tokens and logs write it."""
+    return namespace_text.format_namespace(ns.fields)
 
 
 def parse_namespace_text(text: str) -> KvcsNamespace:
-    parts = text.strip().split("/")
     try:
-        if len(parts) != 5 or parts[0] != "kvcs-1":
-            raise ValueError("expected kvcs-1/<scope>/<compat>/<anchor>/<pub> in hex")
-        return parse_namespace([parts[0].encode()] + [bytes.fromhex(p) for p in parts[1:]])
+        return parse_namespace(namespace_text.parse_namespace(text))
     except (ValueError, KvcsError) as e:
-        raise InputError(f"namespace {text!r}: {e}") from None
+        raise InputError(f"namespace {text!r}: {e} (expected kvcs-1/hex:<scope>/hex:<compat>/"
+                         "hex:<anchor>/hex:<pub>, as kvcs publish prints it)") from None

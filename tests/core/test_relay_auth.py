@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import textwrap
+import tomllib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -20,8 +22,9 @@ from relay_helpers import (
     wait_cached,
 )
 
-from relay.core.auth import Authorizer, Role, parse_prefix
+from relay.core.auth import Authorizer, Role
 from relay.moqt.codes import RequestErrorCode
+from relay.moqt.namespace_text import parse_namespace
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
 from relay.moqt.token import Token
@@ -182,7 +185,7 @@ async def test_namespace_answers_hide_other_scopes(relay: RunningRelay,
 def test_config_prefixes_ignore_empty_fields_and_missing_keys_grant_nothing() -> None:
     # A leading, doubled or trailing "/" must not shorten a prefix (an empty prefix would
     # open every scope).
-    assert parse_prefix(f"/kvcs-1//hex:{SCOPE_A.hex()}/") == (b"kvcs-1", SCOPE_A)
+    assert parse_namespace(f"/kvcs-1//hex:{SCOPE_A.hex()}/") == (b"kvcs-1", SCOPE_A)
     auth = Authorizer.from_config([
         {"token": "slashes", "prefixes": [f"/kvcs-1//hex:{SCOPE_A.hex()}"],
          "roles": ["subscribe"]},
@@ -195,3 +198,18 @@ def test_config_prefixes_ignore_empty_fields_and_missing_keys_grant_nothing() ->
         for token in (b"no-prefixes", b"no-roles"):
             assert not auth.allows(role, ns_in(SCOPE_A), [token])
             assert not auth.allows_prefix(role, (b"kvcs-1",), [token])
+
+
+def test_the_module_docstring_example_grants_what_it_says() -> None:
+    """relay/core/auth.py's configuration example, read as TOML, grants its token both roles
+    on the scope ("kvcs-1", 0x00ff) and nothing on the text scope "00ff"."""
+    import relay.core.auth as auth
+
+    doc = auth.__doc__ or ""
+    block = doc.split("::\n", 1)[1].split("\n\n")[0]
+    entries = tomllib.loads(textwrap.dedent(block))["auth"]["tokens"]
+    a = Authorizer.from_config(entries)
+    for role in Role:
+        assert a.allows(role, (b"kvcs-1", b"\x00\xff", b"c" * 32), [b"s3cret"])
+        assert not a.allows(role, (b"kvcs-1", b"00ff", b"c" * 32), [b"s3cret"])
+        assert not a.allows(role, (b"kvcs-1", b"\x00\xff"), [b"other"])

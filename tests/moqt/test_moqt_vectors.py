@@ -230,7 +230,10 @@ def test_objectid_filter_examples_6_5() -> None:
     assert encode_params(Params(range_filters=(kvcs,)), ParamScope.FETCH) == h("01 26 03 00 00 0f")
 
 
-def test_log_text_form_2_7() -> None:
+def test_log_text_form_departs_from_2_7() -> None:
+    # The profile's log form (kvcs.2d1-.11.11…--k.2eraw.2es0) is not used: logs write the one
+    # namespace text form that tokens, the admin API and the peers read (docs/configuration.md,
+    # "Track Namespaces as text"), so a namespace in a log line can be pasted into them.
     assert format_full_track_name(NS5, b"k.raw.s0") == (
-        "kvcs.2d1-" + ".11" * 8 + "-" + ".22" * 8 + "-33333333-DDDDDDDD--k.2eraw.2es0"
+        "kvcs-1/hex:" + "11" * 8 + "/hex:" + "22" * 8 + "/33333333/DDDDDDDD k.raw.s0"
     )

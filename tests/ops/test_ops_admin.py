@@ -33,14 +33,17 @@ from relay_helpers import (
     live_params,
     make_ns,
     push_track,
+    relay_at,
     wait_cached,
 )
 
-from relay.admin import format_namespace
+from relay.config import load
 from relay.moqt.codes import PublishDoneCode, RequestErrorCode
+from relay.moqt.namespace_text import format_namespace
 from relay.moqt.primitives import FullTrackName, Location
+from relay.moqt.token import Token
 from relay.service import RunningRelay
-from relay.session import RequestRejected
+from relay.session import RequestRejected, SessionConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,10 +188,10 @@ async def test_state_then_purge_ends_subscriptions_and_namespaces_also_after_res
         await s.aclose()
         assert val(await scrape(r), "kvcs_relay_admin_purged_tracks_total") == 3
 
-        nothing = "kvcs-1/" + os.urandom(32).hex()
+        nothing = "kvcs-1/hex:" + os.urandom(32).hex()
         assert await purge(port, nothing) == (200, {
             "prefix": nothing, "removed": [], "subscriptions_ended": 0, "namespaces_done": []})
-        for bad in (b"not json", b'{"prefix": 3}', b'{"prefix": "kvcs-1/zz"}', b"{}",
+        for bad in (b"not json", b'{"prefix": 3}', b'{"prefix": "kvcs-1/hex:zz"}', b"{}",
                     b'{"prefix": ""}'):
             code, text = await http(port, "POST", "/admin/purge", body=bad)
             assert code == 400 and len(text.strip().splitlines()) == 1, (bad, text)
@@ -238,7 +241,7 @@ async def test_kvcs_admin_client(tmp_path: Path) -> None:
         assert code == 0, err
         assert [x["name"] for x in json.loads(out)["removed"]] == ["k.raw.s0"]
         code, out, err = await _kvcs("admin", "purge", "--relay-admin", url, "--token-file",
-                                     str(good), "--prefix", "kvcs-1/zz")
+                                     str(good), "--prefix", "kvcs-1/hex:zz")
         assert code == 1 and err.startswith("error: ") and err.count("\n") == 1
         assert "Traceback" not in err
     finally:
@@ -322,14 +325,50 @@ async def test_purge_sibling_routes_takes_a_strict_body(tmp_path: Path) -> None:
     try:
         port = r.metrics_port
         assert port is not None
-        ok = json.dumps({"namespaces": ["kvcs-1/00ff"]}).encode()
+        ok = json.dumps({"namespaces": ["kvcs-1/hex:00ff"]}).encode()
         code, text = await http(port, "POST", path, body=ok)
         assert code == 200 and json.loads(text) == {"routes_removed": 0, "namespaces_done": []}
         for bad in (b"{}", b'{"namespaces": "kvcs-1"}', b'{"namespaces": [3]}',
-                    b'{"namespaces": [], "x": 1}', b'{"namespaces": ["kvcs-1/zz"]}', b"[" * 60_000):
+                    b'{"namespaces": [], "x": 1}', b'{"namespaces": ["kvcs-1/hex:zz"]}',
+                    b"[" * 60_000):
             code, text = await http(port, "POST", path, body=bad)
             assert code == 400 and len(text.strip().splitlines()) == 1, (bad[:40], text)
         assert (await http(port, "GET", path))[0] == 405
         assert (await http(port, "POST", path, token=None, body=ok))[0] == 401
+    finally:
+        await r.close()
+
+
+async def test_a_scope_copied_from_admin_state_into_a_tokens_file_authorizes_it(
+        tmp_path: Path) -> None:
+    """The namespace text the admin API prints is the one the token table reads: the
+    operator's copy of a Track's scope prefix, pasted into ``[[auth.tokens]]``, grants it."""
+    name, other = FullTrackName(make_ns(), b"k.raw.s0"), FullTrackName(make_ns(), b"k.raw.s0")
+    r = await admin_relay(tmp_path / "open")
+    try:
+        pub = await client(r)
+        t = await push_track(pub, name, layers=1)
+        await t.group(0, group_payloads(0, 1))
+        await wait_cached(r, name, Location(0, 0))
+        assert r.metrics_port is not None
+        state = json.loads((await http(r.metrics_port, "GET", "/admin/state"))[1])
+        await pub.aclose()
+    finally:
+        await r.close()
+    scope = "/".join(state["tracks"][0]["namespace"].split("/")[:2])  # kvcs-1/<scope>
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[[auth.tokens]]\ntoken = "tenant"\nprefixes = ["{scope}"]\n'
+                      'roles = ["publish"]\n')
+    conf = tmp_path / "relay.toml"
+    conf.write_text(f'tokens_file = "{tokens}"\n')
+    r = await relay_at(tmp_path / "auth", auth_tokens=load({}, {}, conf).auth_tokens)
+    try:
+        pub = await client(r, config=SessionConfig(
+            authorization_tokens=(Token.use_value(b"tenant"),)))
+        await asyncio.wait_for(pub.publish_namespace(name.namespace), TIMEOUT)
+        with pytest.raises(RequestRejected) as e:
+            await asyncio.wait_for(pub.publish_namespace(other.namespace), TIMEOUT)
+        assert e.value.code == RequestErrorCode.UNAUTHORIZED
+        await pub.aclose()
     finally:
         await r.close()

@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from relay import logs
+from relay.admin_client import admin
 from relay.config import KEYS, ConfigError, load, render
 from relay.options import PASSED_ON, LaunchOptions, RelayConfig, RelayOptions, settings_table
 from relay.transport import QuicSettings
@@ -236,6 +238,29 @@ def test_admin_token_file_is_read_checked_and_never_rendered(tmp_path: Path) -> 
         t.write_text(text)
         with pytest.raises(ConfigError, match="admin_token_file"):
             load({}, {"KVCS_RELAY_ADMIN_TOKEN_FILE": str(t)})
+
+
+def test_every_token_file_is_read_alike(tmp_path: Path) -> None:
+    """One reader (relay/session/tokens.py) for the relay's admin, upstream and peer token
+    files and for `kvcs admin --token-file`: the same file, the same one-line refusal."""
+    two = tmp_path / "two.token"
+    two.write_text("first-token-0123456789 second-token-0123456789\n")
+    reason = "must hold exactly one token"
+    for key in ("admin_token_file", "upstream_token", "peer_token"):
+        with pytest.raises(ConfigError, match=f"^{key} .*{reason}$"):
+            load({key: str(two)}, {})
+    res = CliRunner().invoke(admin, ["state", "--relay-admin", "http://127.0.0.1:1",
+                                     "--token-file", str(two)])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and reason in res.output
+
+
+def test_token_prefixes_are_namespace_text_and_a_malformed_one_is_refused(
+        tmp_path: Path) -> None:
+    ok = _file(tmp_path, '[[auth.tokens]]\ntoken = "a"\nprefixes = ["kvcs-1/hex:00FF"]\n')
+    assert load({}, {}, ok).auth_tokens[0]["prefixes"] == ["kvcs-1/hex:00FF"]
+    bad = _file(tmp_path, '[[auth.tokens]]\ntoken = "a"\nprefixes = ["kvcs-1/hex:0g"]\n')
+    with pytest.raises(ConfigError, match=r"auth.tokens\[0\].prefixes: field 'hex:0g'"):
+        load({}, {}, bad)
 
 
 def test_scope_quotas_and_max_sessions(tmp_path: Path) -> None:

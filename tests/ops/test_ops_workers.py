@@ -33,9 +33,9 @@ from relay_helpers import (
     wait_namespace,
 )
 
-from relay.admin import format_namespace
 from relay.moqt.codes import ObjectStatus, RequestErrorCode
 from relay.moqt.location_filter import LocationFilter
+from relay.moqt.namespace_text import format_namespace
 from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName, Location
 from relay.session import MoqtSession, NamespaceEvent, RequestRejected, open_session
@@ -289,7 +289,7 @@ async def test_supervisor_answers_abusive_admin_requests_cleanly(tmp_path: Path)
         assert (await http(mport, "GET", "/admin/state"))[0] == 200  # still serving
         # the purge's second round, sent by a client: answered like any admin request
         code, text = await http(mport, "POST", "/admin/purge-sibling-routes",
-                                body=json.dumps({"namespaces": ["kvcs-1/00ff"]}).encode())
+                                body=json.dumps({"namespaces": ["kvcs-1/hex:00ff"]}).encode())
         assert (code, json.loads(text)) == (200, {"routes_removed": 0, "namespaces_done": []})
         # read before the shutdown: each line of a request's failure is written before its
         # connection closes, and what the shutdown logs is not these requests' doing

@@ -212,8 +212,7 @@ class RelayCollector(Collector):
                        c.too_far_behind)
         yield _counter("authorization_failures", "Requests refused for want of a valid "
                        "token.", c.auth_failures)
-        yield _counter("admin_unauthorized", "Admin API requests refused for a missing or "
-                       "wrong token.", c.admin_unauthorized)
+        yield admin_unauthorized_metric(c.admin_unauthorized)
         yield _counter("admin_purged_tracks", "Tracks removed by admin purges.",
                        c.admin_purged_tracks)
         g = GaugeMetricFamily(P + "draining", "1 once GOAWAY was sent to every session.")
@@ -331,6 +330,14 @@ class RelayCollector(Collector):
         yield from (held, quota, ev)
 
 
+def admin_unauthorized_metric(value: int) -> CounterMetricFamily:
+    """Admin API refusals: a relay's own, and with ``--workers`` also the supervisor's (its
+    listener refuses a request without the token before any worker sees it), which it
+    merges into the workers' family of the same name (relay/merge.py)."""
+    return _counter("admin_unauthorized", "Admin API requests refused for a missing or "
+                    "wrong token.", value)
+
+
 def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
     return CounterMetricFamily(P + name, doc, value=value)
 
@@ -416,4 +423,5 @@ class MetricsServer:
         return text(404, "not found")
 
 
-__all__ = ["MetricsServer", "ReadyCheck", "RelayCollector", "RelayMetrics"]
+__all__ = ["MetricsServer", "ReadyCheck", "RelayCollector", "RelayMetrics",
+           "admin_unauthorized_metric"]

@@ -9,7 +9,8 @@ never clash. The HTTP server runs on the relay's event loop, not in a thread: th
 reads the relay's dicts and sets without locks, which is only safe from the loop itself.
 
 Label values are bounded by construction: transport names, message type names, spec error
-code names (or "other"), tiers and operations — never a namespace, track name or token.
+code names (a code the spec does not define: by its meaning, INTERNAL_ERROR), tiers and
+operations — never a namespace, track name or token.
 The contract (every name, type, label and unit) is docs/metrics.md; a test holds the two
 together.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import exposition as _expo
@@ -34,7 +35,7 @@ from prometheus_client.registry import Collector
 
 from relay.admin import PREFIX as ADMIN_PREFIX
 from relay.http import Answer, Listener, text
-from relay.moqt.codes import RequestErrorCode, SessionErrorCode
+from relay.moqt.codes import SessionErrorCode, request_error_meaning
 from storage.interface import Tier
 
 if TYPE_CHECKING:
@@ -77,15 +78,6 @@ def request_streams_metric(relay: Relay) -> Metric:
     for labels, value in sums.items():
         g.add_metric(list(labels), value)
     return g
-
-
-def _code_name(enum: Any, code: int) -> str:
-    """A spec code as a bounded label value: its name, or "other" for codes we do not know
-    (a peer chooses the code it closes with)."""
-    try:
-        return str(enum(code).name.lower())
-    except ValueError:
-        return "other"
 
 
 class RelayCollector(Collector):
@@ -237,12 +229,9 @@ class RelayCollector(Collector):
         closed = CounterMetricFamily(P + "sessions_closed", "MOQT sessions closed, by "
                                      "transport and session close code.",
                                      labels=["transport", "code"])
-        merged: dict[tuple[str, str], int] = {}
-        for (t, code), n in list(c.sessions_closed.items()):
-            k = (t, _code_name(SessionErrorCode, code))
-            merged[k] = merged.get(k, 0) + n
-        for (t, code), n in sorted(merged.items()):
-            closed.add_metric([t, code], n)
+        for (t, code), n in sorted(c.sessions_closed.items()):
+            # keys are known codes (Counters.session_closed gives each its meaning)
+            closed.add_metric([t, SessionErrorCode(code).name.lower()], n)
         yield closed
 
     def _requests(self, c: Counters) -> Iterator[Metric]:
@@ -251,7 +240,7 @@ class RelayCollector(Collector):
                                   labels=["type", "result"])
         merged: dict[tuple[str, str], int] = {}
         for (mtype, code), n in list(c.requests.items()):
-            result = "ok" if code is None else _code_name(RequestErrorCode, code)
+            result = "ok" if code is None else request_error_meaning(code).name.lower()
             k = (mtype.lower(), result)
             merged[k] = merged.get(k, 0) + n
         for (mtype, result), n in sorted(merged.items()):

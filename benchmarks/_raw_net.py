@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from relay.session.wire import MOQT
 from relay.transport import QuicSettings, connect, serve
 
 _SELF = str(Path(__file__).resolve())
@@ -32,7 +33,8 @@ async def _serve(host: str, backend: str, nbytes: int, cert: str, key: str) -> N
         await send.finish()
         await conn.wait_closed()
 
-    server = await serve(host, 0, cert, key, handler, settings=QuicSettings(backend=backend))
+    server = await serve(host, 0, cert, key, handler, settings=QuicSettings(backend=backend),
+                         application=MOQT)
     print(json.dumps({"port": server.port}), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
     await server.close(grace=0.2)
@@ -44,7 +46,8 @@ async def _get(url: str, ca: str, backend: str, nbytes: int, deadline: float
     total = 0
     try:
         async with asyncio.timeout(deadline):
-            conn = await connect(url, settings=QuicSettings(backend=backend), ca_file=ca)
+            conn = await connect(url, settings=QuicSettings(backend=backend), ca_file=ca,
+                                 application=MOQT)
             inc = await conn.accept()
             while data := await inc.recv.read():
                 total += len(data)

@@ -29,6 +29,7 @@ from benchmarks.bench_transport import _CERTS
 from relay.moqt.codes import ObjectStatus
 from relay.moqt.primitives import FullTrackName
 from relay.session import open_session
+from relay.session.wire import MOQT
 from relay.transport import Connection, QuicSettings, connect, ensure_self_signed, serve
 
 BACKENDS = ("aioquic", "qh3")
@@ -51,10 +52,10 @@ async def _echo(conn: Connection) -> None:
 async def raw_rate(server: str, client: str, seconds: float) -> float:
     certs = ensure_self_signed(_CERTS)
     srv = await serve("127.0.0.1", 0, certs.certfile, certs.keyfile, _echo,
-                      settings=QuicSettings(backend=server))
+                      settings=QuicSettings(backend=server), application=MOQT)
     try:
         conn = await connect(f"moqt://127.0.0.1:{srv.port}/", ca_file=certs.certfile,
-                             settings=QuicSettings(backend=client))
+                             settings=QuicSettings(backend=client), application=MOQT)
         n, end = 0, time.perf_counter() + seconds
         t0 = time.perf_counter()
         while time.perf_counter() < end:

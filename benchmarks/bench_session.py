@@ -31,6 +31,7 @@ from relay.session import (
     SessionHandler,
     open_session,
 )
+from relay.session.wire import MOQT
 from relay.transport import QuicSettings, ensure_self_signed, serve
 
 MiB = 1024 * 1024
@@ -74,7 +75,7 @@ async def _session(nbytes: int, size: int, backend: str = "aioquic"
         await s.wait_closed()
 
     server = await serve("127.0.0.1", 0, certs.certfile, certs.keyfile, on_conn,
-                         settings=settings)
+                         settings=settings, application=MOQT)
     try:
         client = await open_session(f"moqt://127.0.0.1:{server.port}/", settings=settings,
                                     ca_file=certs.certfile)

@@ -23,6 +23,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import QuicEvent, StreamDataReceived
 
 from benchmarks._report import report
+from relay.session.wire import MOQT
 from relay.transport import QuicSettings, ensure_self_signed
 from relay.transport import connect as t_connect
 from relay.transport import serve as t_serve
@@ -102,13 +103,13 @@ async def _transport(nbytes: int, max_datagram_size: int, scheme: str = "moqt",
         await conn.wait_closed()
 
     server = await t_serve("127.0.0.1", 0, certs.certfile, certs.keyfile, handler,
-                           settings=settings)
+                           settings=settings, application=MOQT)
     url = (f"moqt://127.0.0.1:{server.port}/bench" if scheme == "moqt"
            else f"https://127.0.0.1:{server.port}/moq")
     payload = memoryview(bytes(nbytes))
     try:
         conn = await t_connect(url, settings=settings, ca_file=certs.certfile,
-                               server_name="localhost")
+                               server_name="localhost", application=MOQT)
         send = await conn.open_uni()
         t0, c0 = time.perf_counter(), time.process_time()
         for pos in range(0, nbytes, chunk):

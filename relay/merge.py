@@ -3,9 +3,13 @@ worker's /metrics text and /admin/ JSON, merged."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from relay.admin import scope_totals
 
@@ -58,45 +62,51 @@ def merge_admin_purge(docs: list[dict[str, Any]]) -> dict[str, Any]:
             "namespaces_done": sorted({ns for d in docs for ns in d["namespaces_done"]})}
 
 
-def merge_metrics(texts: list[str], *, up: int) -> str:
-    """The workers' Prometheus text expositions as one: samples with the same name and
-    labels are summed (counters, gauges of amounts, histogram buckets and sums), yes/no
-    gauges take the largest value."""
-    families: dict[str, tuple[str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
-    for text in texts:
-        for fam in text_string_to_metric_families(text):
-            _, _, samples = families.setdefault(fam.name, (fam.type, fam.documentation, {}))
-            for s in fam.samples:
-                if s.name.endswith("_created"):
-                    continue  # a creation time per process: nothing to add up
-                key = (s.name, tuple(sorted(s.labels.items())))
-                if fam.name in _MAX_NOT_SUM:
-                    samples[key] = max(samples.get(key, s.value), s.value)
-                else:
-                    samples[key] = samples.get(key, 0.0) + s.value
-    out = ["# HELP kvcs_relay_workers_up Relay workers that answered this scrape.",
-           "# TYPE kvcs_relay_workers_up gauge", f"kvcs_relay_workers_up {up}"]
-    for name, (mtype, doc, samples) in families.items():
-        out.append(f"# HELP {name} {_escape_help(doc)}")
-        out.append(f"# TYPE {name} {mtype}")
-        for (sname, labels), value in samples.items():
-            lbl = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
-            out.append(f"{sname}{{{lbl}}} {_fmt(value)}" if lbl else f"{sname} {_fmt(value)}")
-    return "\n".join(out) + "\n"
+def merge_metrics(texts: list[str], extra: list[Metric], *, up: int) -> str:
+    """The workers' Prometheus text expositions as one, plus ``extra`` (the supervisor's
+    own counts of the same families): samples with the same name and labels are summed
+    (counters, gauges of amounts, histogram buckets and sums), yes/no gauges take the
+    largest value.
+
+    The result is written by prometheus_client's own exposition, as a single relay's is:
+    one HELP and TYPE line per family, under the name its samples carry (``…_total`` for a
+    counter). A family is keyed by the name the parser gives it, so the supervisor's own
+    counter merges into the workers' family instead of being a second one."""
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    parsed = [fam for text in texts for fam in text_string_to_metric_families(text)]
+    for fam in [*parsed, *extra]:
+        samples = [s for s in fam.samples if not s.name.endswith("_created")]
+        if fam.samples and not samples:
+            continue  # only a creation time per process (a histogram's): nothing to add up
+        families.setdefault(fam.name, Metric(fam.name, fam.documentation, fam.type))
+        merged = values.setdefault(fam.name, {})
+        for s in samples:
+            key = (s.name, tuple(sorted(s.labels.items())))
+            if fam.name in _MAX_NOT_SUM:
+                merged[key] = max(merged.get(key, s.value), s.value)
+            else:
+                merged[key] = merged.get(key, 0.0) + s.value
+    up_fam = GaugeMetricFamily("kvcs_relay_workers_up",
+                               "Relay workers that answered this scrape.", value=up)
+    out: list[Metric] = [up_fam]
+    for name, fam in families.items():
+        for (sname, labels), value in values[name].items():
+            fam.add_sample(sname, dict(labels), value)
+        out.append(fam)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(out))
+    return generate_latest(registry).decode()
 
 
-def _escape_help(s: str) -> str:
-    return s.replace("\\", "\\\\").replace("\n", "\\n")
+class _Families(Collector):
+    """Metric families already built, as a collector (to render them)."""
 
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
 
-def _escape_label(s: str) -> str:
-    return s.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _fmt(v: float) -> str:
-    if v == float("inf"):
-        return "+Inf"
-    return repr(int(v)) if v.is_integer() else repr(v)
+    def collect(self) -> Iterable[Metric]:
+        return self.families
 
 
 __all__ = ["merge_admin_purge", "merge_admin_state", "merge_metrics"]

@@ -9,7 +9,8 @@ never clash. The HTTP server runs on the relay's event loop, not in a thread: th
 reads the relay's dicts and sets without locks, which is only safe from the loop itself.
 
 Label values are bounded by construction: transport names, message type names, spec error
-code names (or "other"), tiers and operations — never a namespace, track name or token.
+code names (a code the spec does not define: by its meaning, INTERNAL_ERROR), tiers and
+operations — never a namespace, track name or token.
 The contract (every name, type, label and unit) is docs/metrics.md; a test holds the two
 together.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import exposition as _expo
@@ -34,7 +35,7 @@ from prometheus_client.registry import Collector
 
 from relay.admin import PREFIX as ADMIN_PREFIX
 from relay.http import Answer, Listener, text
-from relay.moqt.codes import RequestErrorCode, SessionErrorCode
+from relay.moqt.codes import SessionErrorCode, request_error_meaning
 from storage.interface import Tier
 
 if TYPE_CHECKING:
@@ -77,15 +78,6 @@ def request_streams_metric(relay: Relay) -> Metric:
     for labels, value in sums.items():
         g.add_metric(list(labels), value)
     return g
-
-
-def _code_name(enum: Any, code: int) -> str:
-    """A spec code as a bounded label value: its name, or "other" for codes we do not know
-    (a peer chooses the code it closes with)."""
-    try:
-        return str(enum(code).name.lower())
-    except ValueError:
-        return "other"
 
 
 class RelayCollector(Collector):
@@ -212,8 +204,7 @@ class RelayCollector(Collector):
                        c.too_far_behind)
         yield _counter("authorization_failures", "Requests refused for want of a valid "
                        "token.", c.auth_failures)
-        yield _counter("admin_unauthorized", "Admin API requests refused for a missing or "
-                       "wrong token.", c.admin_unauthorized)
+        yield admin_unauthorized_metric(c.admin_unauthorized)
         yield _counter("admin_purged_tracks", "Tracks removed by admin purges.",
                        c.admin_purged_tracks)
         g = GaugeMetricFamily(P + "draining", "1 once GOAWAY was sent to every session.")
@@ -238,12 +229,9 @@ class RelayCollector(Collector):
         closed = CounterMetricFamily(P + "sessions_closed", "MOQT sessions closed, by "
                                      "transport and session close code.",
                                      labels=["transport", "code"])
-        merged: dict[tuple[str, str], int] = {}
-        for (t, code), n in list(c.sessions_closed.items()):
-            k = (t, _code_name(SessionErrorCode, code))
-            merged[k] = merged.get(k, 0) + n
-        for (t, code), n in sorted(merged.items()):
-            closed.add_metric([t, code], n)
+        for (t, code), n in sorted(c.sessions_closed.items()):
+            # keys are known codes (Counters.session_closed gives each its meaning)
+            closed.add_metric([t, SessionErrorCode(code).name.lower()], n)
         yield closed
 
     def _requests(self, c: Counters) -> Iterator[Metric]:
@@ -252,7 +240,7 @@ class RelayCollector(Collector):
                                   labels=["type", "result"])
         merged: dict[tuple[str, str], int] = {}
         for (mtype, code), n in list(c.requests.items()):
-            result = "ok" if code is None else _code_name(RequestErrorCode, code)
+            result = "ok" if code is None else request_error_meaning(code).name.lower()
             k = (mtype.lower(), result)
             merged[k] = merged.get(k, 0) + n
         for (mtype, result), n in sorted(merged.items()):
@@ -329,6 +317,14 @@ class RelayCollector(Collector):
             if lim is not None:
                 quota.add_metric(["other", tier], lim)
         yield from (held, quota, ev)
+
+
+def admin_unauthorized_metric(value: int) -> CounterMetricFamily:
+    """Admin API refusals: a relay's own, and with ``--workers`` also the supervisor's (its
+    listener refuses a request without the token before any worker sees it), which it
+    merges into the workers' family of the same name (relay/merge.py)."""
+    return _counter("admin_unauthorized", "Admin API requests refused for a missing or "
+                    "wrong token.", value)
 
 
 def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
@@ -416,4 +412,5 @@ class MetricsServer:
         return text(404, "not found")
 
 
-__all__ = ["MetricsServer", "ReadyCheck", "RelayCollector", "RelayMetrics"]
+__all__ = ["MetricsServer", "ReadyCheck", "RelayCollector", "RelayMetrics",
+           "admin_unauthorized_metric"]

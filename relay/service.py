@@ -29,6 +29,7 @@ from relay.metrics import MetricsServer, RelayMetrics
 from relay.options import RelayConfig
 from relay.session import SessionConfig
 from relay.session.tokens import tokens_of
+from relay.session.wire import MOQT
 from relay.transport import QuicSettings, Server, ensure_self_signed, fingerprint, serve
 from storage.lmdb_store import LmdbStore
 from storage.memory import MemoryStore
@@ -195,7 +196,8 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
     try:
         fd = config.worker.fd if config.worker is not None else None
         server = await serve(config.listen_host, config.listen_port, certfile, keyfile,
-                             relay.handle_connection, settings=settings, wt_path=config.wt_path,
+                             relay.handle_connection, application=MOQT, settings=settings,
+                             wt_path=config.wt_path,
                              reuse_port=config.worker is not None,
                              sock=socket.socket(fileno=fd) if fd is not None else None)
     except BaseException:
@@ -218,7 +220,7 @@ async def start_relay(config: RelayConfig) -> RunningRelay:
         try:
             running.sibling_server = await serve(
                 "127.0.0.1", 0, sib.certfile, sib.keyfile, relay.handle_sibling_connection,
-                settings=settings)
+                application=MOQT, settings=settings)
         except BaseException:
             await running.close()
             raise

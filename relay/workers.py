@@ -50,6 +50,7 @@ from relay.core.loops import new_relay_id
 from relay.core.siblings import read_worker_files
 from relay.http import Answer, Listener, read_body, request, text
 from relay.merge import merge_admin_purge, merge_admin_state, merge_metrics
+from relay.metrics import admin_unauthorized_metric
 from relay.options import RelayConfig
 from relay.transport import ensure_self_signed
 from relay.transport.burst import make_socket
@@ -372,11 +373,9 @@ class Supervisor:
 
     async def metrics_text(self) -> str:
         answers = await self._scrape_all("/metrics")
-        own = ("# HELP kvcs_relay_admin_unauthorized Admin API requests refused for a missing "
-               "or wrong token.\n# TYPE kvcs_relay_admin_unauthorized counter\n"
-               f"kvcs_relay_admin_unauthorized_total {self.admin_unauthorized}\n")
-        return merge_metrics([a[1] for a in answers if a is not None and a[0] == 200] + [own],
-                             up=sum(1 for a in answers if a is not None and a[0] == 200))
+        ok = [a[1] for a in answers if a is not None and a[0] == 200]
+        return merge_metrics(ok, [admin_unauthorized_metric(self.admin_unauthorized)],
+                             up=len(ok))
 
     def _head_too_large(self, method: str, path: str) -> None:
         if self._auth is not None and path.startswith(ADMIN_PREFIX):

@@ -7,7 +7,6 @@ them the way the relay uses them. Nothing here imports from `relay/`.
 
 from storage.interface import (
     OBJECT_MAX,
-    ORIGIN,
     AppendResult,
     ConflictError,
     GroupOrder,
@@ -30,7 +29,6 @@ from storage.tiered import TieredReader, TieredStore
 
 __all__ = [
     "OBJECT_MAX",
-    "ORIGIN",
     "AppendResult",
     "ConflictError",
     "GroupOrder",

@@ -35,7 +35,6 @@ from relay.moqt.vi64 import MAX_VI64
 OBJECT_MAX = MAX_VI64
 """Largest vi64 value: an end Location {g, OBJECT_MAX} means "up to the end of Group g"."""
 
-ORIGIN = Location(0, 0)
 
 
 class SpanKind(IntEnum):

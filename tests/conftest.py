@@ -25,7 +25,9 @@ _SUITES = {"transport": ALL, "session": ALL, "core": SAME, "ops": SAME, "interop
            "e2e": SAME}
 _MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL,
             # the controllers are aioquic's (qh3 has no choice): its pair alone
-            "test_congestion.py": {"aioquic": SAME["aioquic"]}}
+            "test_congestion.py": {"aioquic": SAME["aioquic"]},
+            # the exposition format, not QUIC: one backend (a real Prometheus takes seconds)
+            "test_ops_prometheus.py": {"aioquic": SAME["aioquic"]}}
 
 # Folders whose tests all run in one xdist worker, one after another (`--dist loadgroup`,
 # set in pyproject.toml; pytest_xdist_make_scheduler below): the model tests share the

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from relay.moqt.codes import session_error_meaning
 from storage.interface import Tier
 
 if TYPE_CHECKING:
@@ -100,7 +101,9 @@ class Counters:
         self.sessions_accepted[transport] = self.sessions_accepted.get(transport, 0) + 1
 
     def session_closed(self, transport: str, code: int) -> None:
-        key = (transport, code)
+        """The peer chooses its close code: counted by its meaning, an unknown one (GREASE
+        included) as INTERNAL_ERROR as the spec reads it (§4.5), so the keys stay bounded."""
+        key = (transport, session_error_meaning(code))
         self.sessions_closed[key] = self.sessions_closed.get(key, 0) + 1
 
     def answered(self, message_type: str, code: int | None) -> None:

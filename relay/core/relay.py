@@ -174,10 +174,8 @@ class Relay:
                  " (sibling)" if sibling else "")
         try:
             code, reason = await session.wait_closed()
-            # the peer chooses its close code: unknown codes share one bucket (bounded keys)
-            known = code in SessionErrorCode._value2member_map_
             if not sibling:
-                self.counters.session_closed(conn.transport, code if known else 0x1)
+                self.counters.session_closed(conn.transport, code)
             log.info("session closed: code 0x%x %s", code, reason)
         finally:
             self.sessions.discard(session)
@@ -234,9 +232,6 @@ class Relay:
     async def wait_committed(self, name: FullTrackName, timeout: float = 10.0) -> bool:
         t = self.tracks.get(name)
         return t is not None and await self.persistence.wait_committed(t, timeout)
-
-    async def expire(self) -> int:
-        return await self.persistence.expire()
 
     async def handle_sibling_connection(self, conn: Connection) -> None:
         """The transport handler of the sibling listener (docs/workers.md)."""

@@ -39,6 +39,7 @@ from relay.transport.config import CONGESTION_CONTROLS
 
 from .connect import PEER_SETTINGS, RelayAccess
 from .engine_options import engine_options
+from .engines import MODELS
 from .errors import EXIT_ERROR, EXIT_USAGE, PeerError
 from .inputs import format_namespace, load_descriptor, load_key, load_tokens, parse_namespace_text
 from .output import OutputFile
@@ -495,7 +496,7 @@ def fetch(**kw: Any) -> None:
 @click.command("prefill")
 @relay_options
 @engine_options
-@click.option("--model", "model_name", type=click.Choice(["smollm2", "tiny"]),
+@click.option("--model", "model_name", type=click.Choice(MODELS),
               default="smollm2", show_default=True,
               help="smollm2: SmolLM2-135M-Instruct (needs requirements-model.txt); "
                    "tiny: a seeded 2-layer random model (--engine numpy only).")

@@ -11,6 +11,7 @@ from relay.transport import QuicSettings, connect
 from .config import SessionConfig
 from .handler import SessionHandler
 from .session import MoqtSession
+from .wire import MOQT
 
 
 async def open_session(url: str, *, config: SessionConfig | None = None,
@@ -27,7 +28,8 @@ async def open_session(url: str, *, config: SessionConfig | None = None,
         if parts.query:
             path += "?" + parts.query
         config = dataclasses.replace(config, path=path, authority=parts.netloc)
-    conn = await connect(url, settings=settings, ca_file=ca_file, insecure=insecure)
+    conn = await connect(url, application=MOQT, settings=settings, ca_file=ca_file,
+                         insecure=insecure)
     try:
         return await MoqtSession.start(conn, config, handler)
     except BaseException:

@@ -56,7 +56,7 @@ Operational behaviour (details in the module docstrings):
 """
 
 from .client import connect
-from .config import H3_ALPN, MOQT_ALPN, QuicSettings
+from .config import H3_ALPN, Application, QuicSettings
 from .connection import Connection, RequestStreams
 from .errors import (
     ConnectionClosed,
@@ -73,7 +73,7 @@ from .webtransport import app_to_wt_error, wt_to_app_error
 
 __all__ = [
     "H3_ALPN",
-    "MOQT_ALPN",
+    "Application",
     "CertificatePaths",
     "ConnectTimeout",
     "Connection",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -11,7 +12,7 @@ from urllib.parse import urlsplit
 
 from .backend import default_backend, get_backend
 from .burst import install, make_socket
-from .config import H3_ALPN, MOQT_ALPN, QuicSettings
+from .config import H3_ALPN, Application, QuicSettings
 from .connection import Connection
 from .endpoint import Endpoint
 from .errors import ConnectTimeout
@@ -20,31 +21,32 @@ from .gso import DatagramSender, gso_supported
 log = logging.getLogger(__name__)
 
 
-async def connect(url: str, *, settings: QuicSettings | None = None,
+async def connect(url: str, *, application: Application,
+                  settings: QuicSettings | None = None,
                   ca_file: str | os.PathLike[str] | None = None, insecure: bool = False,
                   server_name: str | None = None) -> Connection:
     """Open a MOQT session to ``url`` and return its :class:`Connection`.
 
-    ``moqt://host[:port]/path?query`` uses raw QUIC with ALPN ``moqt-22``;
+    ``moqt://host[:port]/path?query`` uses raw QUIC with ALPN ``application.alpn``;
     ``https://host[:port]/path`` uses WebTransport (HTTP/3 extended CONNECT offering
-    ``moqt-22`` in ``WT-Available-Protocols``). The port defaults to 443.
+    ``application.alpn`` in ``WT-Available-Protocols``). The port defaults to 443.
 
     The server certificate is verified against ``ca_file`` (or the system/certifi
     store) for ``server_name`` (default: the URL's host). ``insecure=True`` disables
     verification entirely; use it only for loopback development.
 
     Raises :class:`ConnectTimeout` after ``settings.connect_timeout`` seconds,
-    :class:`ProtocolNegotiationError` if the server does not speak moqt-22,
+    :class:`ProtocolNegotiationError` if the server does not speak ``application``,
     :class:`ConnectionClosed` if the handshake fails otherwise (e.g. bad certificate),
     :class:`TransportError` if a WebTransport CONNECT is refused (e.g. 404),
     :class:`~relay.transport.backend.BackendUnavailable` if ``settings.backend`` is not
     installed.
     """
-    settings = settings or QuicSettings()
+    settings = dataclasses.replace(settings or QuicSettings(), application=application)
     backend = get_backend(settings.backend or default_backend("client"))
     u = urlsplit(url)
     if u.scheme == "moqt":
-        alpn = MOQT_ALPN
+        alpn = application.alpn
     elif u.scheme == "https":
         alpn = H3_ALPN
     else:

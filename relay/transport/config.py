@@ -6,17 +6,27 @@ from dataclasses import dataclass
 
 from .backend import BACKENDS
 
-MOQT_ALPN = "moqt-22"
 H3_ALPN = "h3"
 
 CONGESTION_CONTROLS = ("bbr", "reno", "cubic")
 """aioquic's congestion controllers we offer (bbr is ours, relay/transport/congestion.py)."""
 
-# STOP_SENDING code when a stream overflows its receive bound (MOQT EXCESSIVE_LOAD, §11.9).
-RECEIVE_OVERFLOW_CODE = 0x9
-# Session close when the peer picked another protocol (MOQT VERSION_NEGOTIATION_FAILED, §3.3);
-# the transport sits below the codec, so the code is spelled here.
-VERSION_NEGOTIATION_FAILED_CODE = 0x15
+
+
+@dataclass(frozen=True, slots=True)
+class Application:
+    """The protocol the transport carries, as its caller gives it (relay/session/wire.py
+    for MOQT): the transport itself knows only QUIC and WebTransport."""
+
+    alpn: str
+    """Raw QUIC's ALPN, and the WebTransport protocol offered and selected
+    (``WT-Available-Protocols`` / ``WT-Protocol``)."""
+
+    receive_overflow_code: int
+    """STOP_SENDING code for a stream past its receive bound (``max_stream_data``)."""
+
+    negotiation_failed_code: int
+    """Session close code when a WebTransport server selected another protocol."""
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -74,6 +84,10 @@ class QuicSettings:
     """Per connection: ``write()`` on any stream waits while the unsent bytes of all
     streams exceed this."""
 
+    application: Application | None = None
+    """Set by :func:`~relay.transport.serve` and :func:`~relay.transport.connect` from their
+    ``application`` argument, for the endpoint and its streams; not an operator setting."""
+
     keepalive_interval: float | None = 10.0
     """Send a PING after this many seconds so idle MOQT sessions (a subscriber waiting
     for a publication) outlive ``idle_timeout``; None disables. aioquic sends none."""
@@ -113,3 +127,10 @@ class QuicSettings:
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"unknown QUIC backend {self.backend!r} "
                              f"(choose from {', '.join(BACKENDS)})")
+
+
+def application_of(settings: QuicSettings) -> Application:
+    """The protocol an endpoint carries (``serve()``/``connect()`` always set it)."""
+    if settings.application is None:
+        raise ValueError("no application protocol: serve() and connect() set one")
+    return settings.application

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backend import QuicBackend, QuicView
 from .burst import BURST, ReaderControl
-from .config import H3_ALPN, MOQT_ALPN, QuicSettings
+from .config import H3_ALPN, QuicSettings, application_of
 from .connection import Connection, StreamTable
 from .errors import ConnectionClosed, ProtocolNegotiationError
 from .gso import DatagramSender
@@ -304,7 +304,7 @@ class Endpoint(asyncio.DatagramProtocol):
         if alpn == H3_ALPN:
             self._wt = WebTransport(
                 self, wt_path=self._server.wt_path if self._server is not None else None)
-        elif alpn == MOQT_ALPN:
+        elif alpn == application_of(self._settings).alpn:
             self._raw = Connection(self, transport="quic", path=self._path,
                                    authority=self._authority)
 

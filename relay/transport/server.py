@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
@@ -13,7 +14,7 @@ from typing import Any
 
 from .backend import QuicBackend, default_backend, get_backend
 from .burst import install, make_socket, size_buffers
-from .config import H3_ALPN, MOQT_ALPN, QuicSettings
+from .config import H3_ALPN, Application, QuicSettings
 from .connection import Connection
 from .endpoint import Endpoint
 from .errors import ConnectionClosed
@@ -134,13 +135,13 @@ class Server:
 
 
 async def serve(host: str, port: int, certfile: str | os.PathLike[str],
-                keyfile: str | os.PathLike[str], handler: Handler, *,
+                keyfile: str | os.PathLike[str], handler: Handler, *, application: Application,
                 settings: QuicSettings | None = None, wt_path: str = "/moq",
                 reuse_port: bool = False, sock: socket.socket | None = None) -> Server:
     """Listen on ``host:port`` (UDP) for raw QUIC and WebTransport MOQT sessions.
 
-    Raw QUIC clients negotiate ALPN ``moqt-22``; WebTransport clients negotiate ``h3``
-    and send an extended CONNECT to ``wt_path`` listing ``moqt-22`` in
+    Raw QUIC clients negotiate ALPN ``application.alpn``; WebTransport clients negotiate
+    ``h3`` and send an extended CONNECT to ``wt_path`` listing ``application.alpn`` in
     ``WT-Available-Protocols``. Other paths get 404. 0-RTT is never accepted (no session
     tickets are issued). ``port=0`` picks a free port; read it from :attr:`Server.port`.
     ``settings.backend`` picks the QUIC library (:mod:`relay.transport.backend`).
@@ -149,9 +150,9 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     ``sock``: serve on this already bound UDP socket instead (``host``/``port`` are then
     only its description), e.g. one a supervisor process made and keeps open.
     """
-    settings = settings or QuicSettings()
+    settings = dataclasses.replace(settings or QuicSettings(), application=application)
     backend = get_backend(settings.backend or default_backend("server"))
-    config = backend.configuration(settings, False, [MOQT_ALPN, H3_ALPN])
+    config = backend.configuration(settings, False, [application.alpn, H3_ALPN])
     config.load_cert_chain(os.fspath(certfile), os.fspath(keyfile))
     server = Server(handler, settings, wt_path, backend)
     loop = asyncio.get_running_loop()

@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .config import RECEIVE_OVERFLOW_CODE
+from .config import application_of
 from .errors import (
     ConnectionClosed,
     ReceiveBufferFull,
@@ -278,8 +278,9 @@ class RecvStream:
             self._buf.append(data)
             self._buffered += len(data)
             if self._port.buffered(self.stream_id, len(data)):
-                self._port.stop(self.stream_id, RECEIVE_OVERFLOW_CODE)
-                self._drop(ReceiveBufferFull(RECEIVE_OVERFLOW_CODE))
+                code = application_of(self._port.settings).receive_overflow_code
+                self._port.stop(self.stream_id, code)
+                self._drop(ReceiveBufferFull(code))
                 return
         if fin:
             self._fin = True

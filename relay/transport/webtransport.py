@@ -16,7 +16,7 @@ import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .config import MOQT_ALPN, VERSION_NEGOTIATION_FAILED_CODE
+from .config import QuicSettings, application_of
 from .errors import ConnectionClosed, ProtocolNegotiationError, TransportError
 
 if TYPE_CHECKING:
@@ -33,7 +33,6 @@ WT_SESSION_GONE = 0x170D7B68
 H3_NO_ERROR = 0x100
 
 CAPSULE_CLOSE_WEBTRANSPORT_SESSION = 0x2843
-CAPSULE_DRAIN_WEBTRANSPORT_SESSION = 0x78AE
 MAX_CLOSE_REASON = 1024  # bytes; the draft's limit on the capsule's message
 
 HDR_AVAILABLE_PROTOCOLS = b"wt-available-protocols"
@@ -56,6 +55,9 @@ class WebTransportHost(Protocol):
 
     @property
     def view(self) -> QuicView: ...
+
+    @property
+    def settings(self) -> QuicSettings: ...
 
     @property
     def is_client(self) -> bool: ...
@@ -97,6 +99,7 @@ class WebTransport:
 
     def __init__(self, host: WebTransportHost, *, wt_path: str | None = None) -> None:
         self._host = host
+        self._app = application_of(host.settings)
         self._b = host.backend
         self.h3: Any = self._b.h3(host.quic)
         self._wt_path = wt_path  # a server's CONNECT path; None on a client
@@ -160,7 +163,7 @@ class WebTransport:
             (b":scheme", b"https"),
             (b":authority", authority.encode()),
             (b":path", path.encode()),
-            (HDR_AVAILABLE_PROTOCOLS, sf_string(MOQT_ALPN)),
+            (HDR_AVAILABLE_PROTOCOLS, sf_string(self._app.alpn)),
             (b"sec-webtransport-http3-draft02", b"1"),
         ])
         self._host.transmit()
@@ -287,10 +290,10 @@ class WebTransport:
             return
         proto = parse_sf_item(h.get(HDR_PROTOCOL, b""))
         conn = self.sessions[sid] = host.new_session(sid, *self._connect_to)
-        if proto != MOQT_ALPN:
+        if proto != self._app.alpn:
             host.session_failed(ProtocolNegotiationError(
-                f"server selected WT-Protocol {proto!r}, not {MOQT_ALPN!r}"))
-            conn.close(VERSION_NEGOTIATION_FAILED_CODE, "version negotiation failed")
+                f"server selected WT-Protocol {proto!r}, not {self._app.alpn!r}"))
+            conn.close(self._app.negotiation_failed_code, "version negotiation failed")
             return
         host.session_ready(conn)
 
@@ -303,7 +306,7 @@ class WebTransport:
         if path.split("?", 1)[0] != self._wt_path:
             self._respond(sid, b"404")
             return
-        proto = select_protocol(h.get(HDR_AVAILABLE_PROTOCOLS))
+        proto = select_protocol(h.get(HDR_AVAILABLE_PROTOCOLS), self._app.alpn)
         if proto is None:
             # No common MOQT version: refuse rather than guess (WT draft allows either).
             self._respond(sid, b"400")
@@ -449,8 +452,8 @@ def parse_sf_item(value: bytes) -> str | None:
     return items[0] if items else None
 
 
-def select_protocol(offered: bytes | None) -> str | None:
+def select_protocol(offered: bytes | None, ours: str) -> str | None:
     """The protocol the server selects from a ``WT-Available-Protocols`` value."""
     if offered is None:
         return None
-    return MOQT_ALPN if MOQT_ALPN in parse_sf_list(offered) else None
+    return ours if ours in parse_sf_list(offered) else None

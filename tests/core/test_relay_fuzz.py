@@ -37,6 +37,7 @@ from relay.moqt.primitives import FullTrackName
 from relay.moqt.range_filter import Range, RangeFilter
 from relay.service import RunningRelay
 from relay.session import MoqtSession
+from relay.session.wire import MOQT
 from relay.transport import SendStream, connect
 
 SETUP = encode_message(Setup(max_filter_ranges=8))
@@ -87,7 +88,8 @@ async def test_mutated_requests_never_cause_an_internal_error(tmp_path: Path) ->
         served = 0
         for _ in range(60):
             data = _mutate(rng, rng.choice(seeds))
-            conn = await asyncio.wait_for(connect(r.url, ca_file=r.certfile), TIMEOUT)
+            conn = await asyncio.wait_for(
+                connect(r.url, ca_file=r.certfile, application=MOQT), TIMEOUT)
             ctl = await conn.open_uni()
             await ctl.write(SETUP)
             send, recv = await conn.open_bi()

@@ -27,6 +27,7 @@ from relay.session import (
     SessionHandler,
     open_session,
 )
+from relay.session.wire import MOQT
 from relay.transport import Server, ensure_self_signed, serve
 
 
@@ -57,7 +58,7 @@ async def siblings(a: RunningRelay, b: RunningRelay, tmp: Path
     """Link ``a`` and ``b`` as two workers of one relay are linked."""
     tls = ensure_self_signed(tmp / "sibling-tls")
     servers = [await serve("127.0.0.1", 0, tls.certfile, tls.keyfile,
-                           x.relay.handle_sibling_connection) for x in (a, b)]
+                           x.relay.handle_sibling_connection, application=MOQT) for x in (a, b)]
     sessions: list[MoqtSession] = []
     try:
         for x, other in ((a, servers[1]), (b, servers[0])):

@@ -40,13 +40,14 @@ from relay.session import (
     StreamEnded,
     SubscriptionDone,
 )
+from relay.session.wire import MOQT
 from relay.transport import QuicSettings, connect
 
 
 async def _raw_peer(url: str, cert: Path, control: bytes) -> tuple[int, str]:
     """Open a raw QUIC connection, send ``control`` bytes as the control stream, and return
     how the relay closed the session."""
-    conn = await asyncio.wait_for(connect(url, ca_file=cert), TIMEOUT)
+    conn = await asyncio.wait_for(connect(url, ca_file=cert, application=MOQT), TIMEOUT)
     s = await conn.open_uni()
     await s.write(control)
     return await asyncio.wait_for(conn.wait_closed(), TIMEOUT)
@@ -67,7 +68,7 @@ async def test_malformed_sessions_are_closed_with_the_spec_code_and_others_keep_
         code, _ = await _raw_peer(r.url, r.certfile, b"\xaf\x00\x00\x00" + b"\x3f\x00\x00")
         assert code == SessionErrorCode.PROTOCOL_VIOLATION
         # an unknown unidirectional stream type
-        conn = await asyncio.wait_for(connect(r.url, ca_file=r.certfile), TIMEOUT)
+        conn = await asyncio.wait_for(connect(r.url, ca_file=r.certfile, application=MOQT), TIMEOUT)
         ctl = await conn.open_uni()
         await ctl.write(b"\xaf\x00\x00\x00")
         bad = await conn.open_uni()

@@ -34,6 +34,7 @@ from relay.session import (
     ReceivedObject,
     SessionHandler,
 )
+from relay.session.wire import MOQT
 from relay.transport import ensure_self_signed, serve
 from storage.interface import StoredObject
 from storage.lmdb_store import LmdbStore
@@ -258,7 +259,7 @@ async def test_an_announcement_that_failed_is_sent_again(tmp_path: Path) -> None
         await s.wait_closed()
 
     tls = ensure_self_signed(tmp_path / "tls")
-    srv = await serve("127.0.0.1", 0, tls.certfile, tls.keyfile, on_conn)
+    srv = await serve("127.0.0.1", 0, tls.certfile, tls.keyfile, on_conn, application=MOQT)
     a = await relay_at(tmp_path / "a", upstream=[f"moqt://127.0.0.1:{srv.port}/"],
                        options=RelayOptions(default_fill_timeout=0.3))
     try:

@@ -121,6 +121,23 @@ async def test_counters_move_by_exactly_what_a_round_did(tmp_path: Path) -> None
         await r.close()
 
 
+async def test_a_close_code_the_spec_does_not_define_counts_as_internal_error(
+        tmp_path: Path) -> None:
+    """A peer's close code is counted by its meaning: an unknown one (here a GREASE code)
+    is INTERNAL_ERROR, as the spec reads it and as docs/metrics.md says."""
+    r = await _relay(tmp_path)
+    try:
+        s = await client(r)
+        s.close(0x7F * 3 + 0x9D, "grease")
+        m = await wait_until(r, lambda m: val(m, "kvcs_relay_sessions_open",
+                                              transport="quic") == 0)
+        closed = {dict(k[1])["code"]: v for k, v in m.items()
+                  if k[0] == "kvcs_relay_sessions_closed_total"}
+        assert closed == {"internal_error": 1}
+    finally:
+        await r.close()
+
+
 async def test_refused_requests_count_by_code_and_as_authorization_failures(
         tmp_path: Path) -> None:
     r = await _relay(tmp_path, auth_tokens=[{"token": "pub-secret", "prefixes": ["kvcs-1"],

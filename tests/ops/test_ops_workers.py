@@ -44,14 +44,15 @@ KVCS = [sys.executable, "-m", "relay.cli"]
 
 
 @asynccontextmanager
-async def workers(data: Path, ready: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+async def workers(data: Path, ready: Path, metrics_listen: str = "127.0.0.1:0"
+                  ) -> AsyncIterator[asyncio.subprocess.Process]:
     ready.unlink(missing_ok=True)
     token_file = data.parent / "admin.token"
     token_file.write_text(TOKEN)
     log = (data.parent / "relay.log").open("ab")  # the supervisor's and workers' lines
     proc = await asyncio.create_subprocess_exec(
         *KVCS, "relay", "--workers", "2", "--listen", "127.0.0.1:0", "--data-dir", str(data),
-        "--metrics-listen", "127.0.0.1:0", "--ready-file", str(ready),
+        "--metrics-listen", metrics_listen, "--ready-file", str(ready),
         "--admin-token-file", str(token_file),
         stdout=asyncio.subprocess.DEVNULL, stderr=log)
     log.close()

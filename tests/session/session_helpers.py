@@ -26,6 +26,7 @@ from relay.session import (
     SessionHandler,
     open_session,
 )
+from relay.session.wire import MOQT
 from relay.transport import serve
 
 TIMEOUT = 10.0
@@ -135,7 +136,8 @@ async def served_by(handler: SessionHandler, tls: Path, *, transport: str = "qui
         s = await MoqtSession.start(conn, config, handler)
         await s.wait_closed()
 
-    server = await serve("127.0.0.1", 0, tls / "cert.pem", tls / "key.pem", on_conn)
+    server = await serve("127.0.0.1", 0, tls / "cert.pem", tls / "key.pem", on_conn,
+                         application=MOQT)
     url = f"moqt://127.0.0.1:{server.port}/" if transport == "quic" else \
         f"https://127.0.0.1:{server.port}/moq"
     try:

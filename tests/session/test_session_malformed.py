@@ -31,6 +31,7 @@ from relay.moqt.params import Params
 from relay.moqt.primitives import FullTrackName
 from relay.moqt.range_filter import Range, RangeFilter
 from relay.session import MoqtSession, SessionConfig, open_session
+from relay.session.wire import MOQT
 from relay.transport import (
     Connection,
     Server,
@@ -59,14 +60,15 @@ async def server(certs: Path) -> AsyncIterator[Server]:
                                     TrackPublisher(TRACK))
         await s.wait_closed()
 
-    srv = await serve("127.0.0.1", 0, certs / "cert.pem", certs / "key.pem", on_conn)
+    srv = await serve("127.0.0.1", 0, certs / "cert.pem", certs / "key.pem", on_conn,
+                      application=MOQT)
     yield srv
     await srv.close()
 
 
 async def _raw(server: Server, certs: Path) -> Connection:
     conn = await asyncio.wait_for(connect(f"moqt://127.0.0.1:{server.port}/",
-                                          ca_file=certs / "cert.pem"), TIMEOUT)
+                                          ca_file=certs / "cert.pem", application=MOQT), TIMEOUT)
     ctl = await conn.open_uni()
     await ctl.write(SETUP)
     return conn
@@ -120,7 +122,7 @@ async def test_duplicate_request_id_and_second_goaway(server: Server, certs: Pat
     assert got == SessionErrorCode.INVALID_REQUEST_ID
 
     conn = await asyncio.wait_for(connect(f"moqt://127.0.0.1:{server.port}/",
-                                          ca_file=certs / "cert.pem"), TIMEOUT)
+                                          ca_file=certs / "cert.pem", application=MOQT), TIMEOUT)
     ctl = await conn.open_uni()
     await ctl.write(SETUP + encode_message(GoAway()) + encode_message(GoAway()))
     got, _ = await asyncio.wait_for(conn.wait_closed(), TIMEOUT)

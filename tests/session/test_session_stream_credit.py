@@ -29,6 +29,7 @@ from relay.session import (
     SessionHandler,
     open_session,
 )
+from relay.session.wire import MOQT
 from relay.transport import Connection, QuicSettings, Server, connect, ensure_self_signed, serve
 
 NS = (b"kvcs-1", b"credit")
@@ -52,7 +53,7 @@ async def server(certs: Path) -> AsyncIterator[Server]:
         await s.wait_closed()
 
     srv = await serve("127.0.0.1", 0, certs / "cert.pem", certs / "key.pem", on_conn,
-                      settings=QuicSettings(max_streams_bidi=PEER_BIDI))
+                      settings=QuicSettings(max_streams_bidi=PEER_BIDI), application=MOQT)
     yield srv
     await srv.close()
 
@@ -78,7 +79,7 @@ async def _fetch_without_fin(conn: Connection, rid: int) -> bytes:
 async def test_requests_the_requester_never_fins_give_their_stream_back(
         server: Server, certs: Path) -> None:
     conn = await asyncio.wait_for(connect(f"moqt://127.0.0.1:{server.port}/",
-                                          ca_file=certs / "cert.pem"), TIMEOUT)
+                                          ca_file=certs / "cert.pem", application=MOQT), TIMEOUT)
     try:
         control = await conn.open_uni()
         await asyncio.wait_for(control.write(encode_message(Setup())), TIMEOUT)
@@ -133,7 +134,7 @@ async def test_requests_given_up_before_their_reply_give_their_stream_back(
         await s.wait_closed()
 
     srv = await serve("127.0.0.1", 0, certs / "cert.pem", certs / "key.pem", on_conn,
-                      settings=QuicSettings(max_streams_bidi=PEER_BIDI))
+                      settings=QuicSettings(max_streams_bidi=PEER_BIDI), application=MOQT)
     c = await asyncio.wait_for(open_session(f"moqt://127.0.0.1:{srv.port}/",
                                             ca_file=certs / "cert.pem"), TIMEOUT)
     try:

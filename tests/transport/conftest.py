@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from relay.session.wire import MOQT
 from relay.transport import (
     CertificatePaths,
     Connection,
@@ -72,7 +73,7 @@ class Harness:
     async def pair(self, transport: str, settings: QuicSettings = SETTINGS,
                    path: str = "/moq") -> tuple[Connection, Connection]:
         client = await w(connect(url_for(self.server, transport, path), settings=settings,
-                                 ca_file=self.certs.certfile))
+                                 ca_file=self.certs.certfile, application=MOQT))
         server_side = await w(self.sessions.get())
         return client, server_side
 
@@ -90,7 +91,7 @@ async def _start(certs: CertificatePaths, settings: QuicSettings) -> Harness:
         await conn.wait_closed()
 
     server = await serve("127.0.0.1", 0, certs.certfile, certs.keyfile, handler,
-                         settings=settings)
+                         settings=settings, application=MOQT)
     return Harness(server, certs, sessions)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from conftest import w
 
+from relay.session.wire import MOQT
 from relay.transport import CertificatePaths, Connection, QuicSettings, connect, serve
 from relay.transport.config import CONGESTION_CONTROLS
 from relay.transport.congestion import (
@@ -231,10 +232,10 @@ async def test_a_transfer_is_exact_with_the_controller_the_settings_name(
         await conn.wait_closed()
 
     server = await serve("127.0.0.1", 0, certs.certfile, certs.keyfile, handler,
-                         settings=settings)
+                         settings=settings, application=MOQT)
     try:
         client = await w(connect(f"moqt://127.0.0.1:{server.port}/", settings=settings,
-                                 ca_file=certs.certfile))
+                                 ca_file=certs.certfile, application=MOQT))
         send = await w(client.open_uni())
         await w(send.write(payload))
         await w(send.finish())
@@ -271,7 +272,7 @@ async def test_the_relay_config_key_reaches_its_connections(
         other = "reno" if name != "reno" else "bbr"
         client = await w(connect(f"moqt://127.0.0.1:{running.port}/", ca_file=running.certfile,
                                  settings=QuicSettings(backend="aioquic",
-                                                       congestion_control=other)))
+                                                       congestion_control=other), application=MOQT))
         ep = next(iter(running.server._endpoints))
         assert type(ep._quic._loss._cc).__name__.lower().startswith(name)
         assert type(_controller(client)).__name__.lower().startswith(other)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from relay.session.wire import MOQT
 from relay.transport import QuicSettings, connect
 from relay.transport.backend import (
     BACKENDS,
@@ -118,7 +119,7 @@ def test_unknown_backend_is_refused() -> None:
 async def test_a_missing_backend_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "relay.transport._qh3", None)  # as if not installed
     with pytest.raises(BackendUnavailable, match=r"kvcs-relay\[fast\]"):
-        await connect("moqt://127.0.0.1:9/", settings=QuicSettings(backend="qh3"))
+        await connect("moqt://127.0.0.1:9/", settings=QuicSettings(backend="qh3"), application=MOQT)
 
 
 @pytest.mark.parametrize("argv", [
@@ -136,13 +137,24 @@ def test_cli_without_qh3_is_one_line_and_exit_2(argv: list[str], tmp_path: Path)
     assert len(lines) == 1 and "qh3" in lines[0] and "not installed" in lines[0], lines
 
 
-def test_the_moqt_codes_the_transport_spells_are_the_codecs() -> None:
-    """The transport sits below the codec and spells the two MOQT codes it sends itself."""
-    from relay.moqt.codes import SessionErrorCode, StreamResetCode
-    from relay.transport.config import RECEIVE_OVERFLOW_CODE, VERSION_NEGOTIATION_FAILED_CODE
+def test_the_transport_holds_no_moqt_value() -> None:
+    """The caller hands MOQT's ALPN and codes to the transport (relay/session/wire.py): no
+    module of relay/transport spells the ALPN outside its docs, or names MOQT's codes."""
+    import ast
 
-    assert RECEIVE_OVERFLOW_CODE == StreamResetCode.EXCESSIVE_LOAD
-    assert VERSION_NEGOTIATION_FAILED_CODE == SessionErrorCode.VERSION_NEGOTIATION_FAILED
+    from relay.moqt.codes import ALPN
+
+    for path in (Path(__file__).parents[2] / "relay" / "transport").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                  ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and id(node) not in docs:
+                assert not (isinstance(node.value, str) and ALPN in node.value), path
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").startswith("relay.moqt"), path
 
 
 def _library_privates(path: Path) -> set[str]:

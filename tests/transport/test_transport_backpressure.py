@@ -14,8 +14,8 @@ from backends import credit_follows_reads
 from conftest import round_trips, until, w
 from stream_helpers import read_all
 
+from relay.session.wire import MOQT
 from relay.transport import Connection, QuicSettings, SendStream, StreamStopped
-from relay.transport.config import RECEIVE_OVERFLOW_CODE
 from relay.transport.errors import ReceiveBufferFull
 
 KiB = 1024
@@ -67,7 +67,7 @@ async def test_writer_blocks_on_a_reader_that_does_not_read(make_harness: object
         # qh3: the stream is stopped once it holds a window's worth unread
         with pytest.raises(StreamStopped) as stopped:
             await w(task)
-        assert stopped.value.code == RECEIVE_OVERFLOW_CODE
+        assert stopped.value.code == MOQT.receive_overflow_code
         assert inc.recv.buffered == 0 and server._port.view.unread_total == 0
         with pytest.raises(ReceiveBufferFull):
             await w(read_all(inc.recv))
@@ -106,7 +106,7 @@ async def test_connection_window_bounds_unread_streams(make_harness: object,
         # qh3: streams beyond the connection window are stopped, the rest stay within it
         outcomes = await w(asyncio.gather(*tasks, return_exceptions=True), 30)
         stopped = [o for o in outcomes if isinstance(o, StreamStopped)]
-        assert stopped and all(o.code == RECEIVE_OVERFLOW_CODE for o in stopped)
+        assert stopped and all(o.code == MOQT.receive_overflow_code for o in stopped)
         assert server._port.view.unread_total <= 4 * WINDOW
         assert all(i.recv.buffered <= WINDOW for i in incs)
         await w(client.aclose())
@@ -151,7 +151,7 @@ async def test_unread_data_is_released_by_stop_sending(make_harness: object,
         inc.recv.stop_sending(0x1)
         code = 0x1
     else:
-        code = RECEIVE_OVERFLOW_CODE  # qh3: the overflow stopped it already
+        code = MOQT.receive_overflow_code  # qh3: the overflow stopped it already
     assert await w(stuck.wait_stopped()) == code
     task.cancel()
     assert server._port.view.unread_total == 0  # receive window given back

@@ -16,6 +16,7 @@ import pytest
 from conftest import Harness, w
 from stream_helpers import read_all
 
+from relay.session.wire import MOQT
 from relay.transport import QuicSettings, connect
 from relay.transport.backend import default_backend
 
@@ -66,7 +67,7 @@ async def test_a_lost_first_flight_still_completes_the_handshake(
     try:
         port = transport.get_extra_info("sockname")[1]
         client = await w(connect(f"moqt://127.0.0.1:{port}/", settings=HANDSHAKE,
-                                 ca_file=h.certs.certfile))
+                                 ca_file=h.certs.certfile, application=MOQT))
         server = await w(h.sessions.get())
         assert fwd.dropped == drop
         # the session carries data both ways
@@ -139,7 +140,7 @@ async def test_the_client_answers_the_servers_initial_with_a_handshake_packet(
     try:
         port = transport.get_extra_info("sockname")[1]
         client = await w(connect(f"moqt://127.0.0.1:{port}/", settings=HANDSHAKE,
-                                 ca_file=h.certs.certfile))
+                                 ca_file=h.certs.certfile, application=MOQT))
         await w(h.sessions.get())
         assert fwd.answer is not None
         assert 2 in _packet_types(fwd.answer), _packet_types(fwd.answer)

@@ -14,6 +14,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from conftest import SETTINGS, Harness, url_for, w
 from stream_helpers import read_all
 
+from relay.session.wire import MOQT
 from relay.transport import (
     ConnectionClosed,
     ConnectTimeout,
@@ -76,10 +77,10 @@ async def test_handler_return_closes_with_no_error(certs: object, transport: str
         return None
 
     server = await serve("127.0.0.1", 0, certs.certfile, certs.keyfile, handler,  # type: ignore[attr-defined]
-                         settings=SETTINGS)
+                         settings=SETTINGS, application=MOQT)
     try:
         client = await w(connect(url_for(server, transport), settings=SETTINGS,
-                                 ca_file=certs.certfile))  # type: ignore[attr-defined]
+                                 ca_file=certs.certfile, application=MOQT))  # type: ignore[attr-defined]
         assert await w(client.wait_closed()) == (0, "")
         await w(client.aclose())
     finally:
@@ -89,7 +90,7 @@ async def test_handler_return_closes_with_no_error(certs: object, transport: str
 async def test_unknown_webtransport_path_is_refused(harness: Harness) -> None:
     with pytest.raises(TransportError, match="404"):
         await w(connect(url_for(harness.server, "webtransport", "/elsewhere"),
-                        settings=SETTINGS, ca_file=harness.certs.certfile))
+                        settings=SETTINGS, ca_file=harness.certs.certfile, application=MOQT))
 
 
 async def test_wrong_alpn_is_refused(harness: Harness) -> None:
@@ -107,16 +108,16 @@ async def test_tls_verification(harness: Harness, tmp_path: Path,
     # the right CA, addressed by name and by IP (SANs cover both)
     for name in ("localhost", None):
         conn = await w(connect(url, settings=SETTINGS, ca_file=harness.certs.certfile,
-                               server_name=name))
+                               server_name=name, application=MOQT))
         await w(conn.aclose())
     # another self-signed cert as CA: verification fails
     other = ensure_self_signed(tmp_path / "other")
     with pytest.raises(ConnectionClosed) as e:
-        await w(connect(url, settings=SETTINGS, ca_file=other.certfile))
+        await w(connect(url, settings=SETTINGS, ca_file=other.certfile, application=MOQT))
     assert not e.value.application
     # insecure skips verification, loudly
     with caplog.at_level(logging.WARNING, logger="relay.transport.client"):
-        conn = await w(connect(url, settings=SETTINGS, insecure=True))
+        conn = await w(connect(url, settings=SETTINGS, insecure=True, application=MOQT))
     assert "DISABLED" in caplog.text
     await w(conn.aclose())
 
@@ -146,7 +147,8 @@ async def test_connect_timeout(tmp_path: Path) -> None:
         port = sock.getsockname()[1]
         settings = QuicSettings(connect_timeout=0.3)
         with pytest.raises(ConnectTimeout):
-            await w(connect(f"moqt://127.0.0.1:{port}/", settings=settings, insecure=True))
+            await w(connect(f"moqt://127.0.0.1:{port}/", settings=settings, insecure=True,
+                            application=MOQT))
     finally:
         sock.close()
 
@@ -167,7 +169,7 @@ def test_settings_validation() -> None:
 
 async def test_bad_scheme() -> None:
     with pytest.raises(ValueError):
-        await w(connect("http://127.0.0.1:1/"))
+        await w(connect("http://127.0.0.1:1/", application=MOQT))
 
 
 async def test_webtransport_without_moqt_offer_is_refused(harness: Harness,
@@ -176,7 +178,7 @@ async def test_webtransport_without_moqt_offer_is_refused(harness: Harness,
     monkeypatch.setattr(webtransport_mod, "sf_string", lambda _: b'"moqt-99"')  # client offer
     with pytest.raises(TransportError, match="400"):
         await w(connect(url_for(harness.server, "webtransport"), settings=SETTINGS,
-                        ca_file=harness.certs.certfile))
+                        ca_file=harness.certs.certfile, application=MOQT))
 
 
 async def test_webtransport_server_must_select_moqt(harness: Harness,
@@ -191,7 +193,7 @@ async def test_webtransport_server_must_select_moqt(harness: Harness,
     monkeypatch.setattr(WebTransport, "_on_connect_request", accept_without_protocol)
     with pytest.raises(ProtocolNegotiationError):
         await w(connect(url_for(harness.server, "webtransport"), settings=SETTINGS,
-                        ca_file=harness.certs.certfile))
+                        ca_file=harness.certs.certfile, application=MOQT))
 
 
 def _ca_and_leaf(tmp: Path) -> tuple[Path, Path, Path]:
@@ -248,16 +250,16 @@ async def test_a_ca_signed_server_certificate_is_verified(tmp_path: Path) -> Non
     async def handler(conn: object) -> None:
         await conn.wait_closed()  # type: ignore[attr-defined]
 
-    server = await serve("127.0.0.1", 0, leaf, key, handler, settings=SETTINGS)
+    server = await serve("127.0.0.1", 0, leaf, key, handler, settings=SETTINGS, application=MOQT)
     try:
         url = f"moqt://127.0.0.1:{server.port}/"
-        conn = await w(connect(url, settings=SETTINGS, ca_file=ca))
+        conn = await w(connect(url, settings=SETTINGS, ca_file=ca, application=MOQT))
         assert not conn.closed
         await w(conn.aclose())
         (tmp_path / "other").mkdir()
         other, _, _ = _ca_and_leaf(tmp_path / "other")
         with pytest.raises(ConnectionClosed) as e:
-            await w(connect(url, settings=SETTINGS, ca_file=other))
+            await w(connect(url, settings=SETTINGS, ca_file=other, application=MOQT))
         assert not e.value.application
     finally:
         await w(server.close(grace=0.2))

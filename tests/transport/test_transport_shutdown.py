@@ -11,6 +11,7 @@ import logging
 import pytest
 from conftest import SETTINGS, Harness, until, url_for, w
 
+from relay.session.wire import MOQT
 from relay.transport import CertificatePaths, Connection, QuicSettings, connect, serve
 
 KEEPALIVE = QuicSettings(max_datagram_size=8952, idle_timeout=15.0, keepalive_interval=5.0,
@@ -61,10 +62,10 @@ def test_a_webtransport_linger_cut_by_shutdown_logs_no_error(
             await conn.wait_closed()
 
         srv = await w(serve("127.0.0.1", 0, certs.certfile, certs.keyfile, handler,
-                            settings=SETTINGS))
+                            settings=SETTINGS, application=MOQT))
         try:
             client = await w(connect(url_for(srv, "webtransport"), settings=SETTINGS,
-                                     ca_file=certs.certfile))
+                                     ca_file=certs.certfile, application=MOQT))
             server = await w(sessions.get())
             client._port.abort()  # the peer goes away without a word: the linger waits
             server.close(0, "bye")

@@ -11,6 +11,7 @@ from typing import Any
 from conftest import Harness, w
 from stream_helpers import read_all
 
+from relay.session.wire import MOQT
 from relay.transport import QuicSettings, serve
 from relay.transport.backend import default_backend
 from relay.transport.burst import UDP_BUFFER_BYTES, install, make_socket
@@ -88,7 +89,8 @@ async def test_quic_sockets_ask_for_large_buffers_where_a_reader_holds_credit(
         for sock in workers:
             served.append(await serve("127.0.0.1", 0, harness.certs.certfile,
                                       harness.certs.keyfile, lambda conn: conn.aclose(),
-                                      settings=QuicSettings(backend=backend.name), sock=sock))
+                                      settings=QuicSettings(backend=backend.name), sock=sock,
+                                      application=MOQT))
         large = [client._port._sender._sock]  # type: ignore[union-attr]
         server_socks = [harness.server._sock, *workers]
         (large if backend.credit_on_read else []).extend(server_socks)

@@ -61,7 +61,7 @@ def test_structured_fields() -> None:
     assert parse_sf_item(b'"moqt-22"') == "moqt-22"
     assert parse_sf_item(b"moqt-22") == "moqt-22"
     assert parse_sf_item(b"") is None
-    assert select_protocol(b'"moqt-20", "moqt-22"') == "moqt-22"
-    assert select_protocol(b"moqt-22") == "moqt-22"
-    assert select_protocol(b'"moqt-20"') is None
-    assert select_protocol(None) is None
+    assert select_protocol(b'"moqt-20", "moqt-22"', "moqt-22") == "moqt-22"
+    assert select_protocol(b"moqt-22", "moqt-22") == "moqt-22"
+    assert select_protocol(b'"moqt-20"', "moqt-22") is None
+    assert select_protocol(None, "moqt-22") is None

@@ -114,7 +114,11 @@ async def answer_and_close(reader: asyncio.StreamReader, writer: asyncio.StreamW
     writer.write(data)
     await writer.drain()
     if writer.can_write_eof():
-        writer.write_eof()
+        # a client that sent its request and closed at once is gone by now: our data
+        # reached a closed socket, whose reset makes shutdown() fail (ENOTCONN); there is
+        # nothing more to tell it, and nothing to log
+        with contextlib.suppress(OSError):
+            writer.write_eof()
     with contextlib.suppress(TimeoutError, ConnectionError):
         async with asyncio.timeout(LINGER_SECONDS):
             left = LINGER_BYTES
@@ -138,9 +142,19 @@ class Listener:
         self._name = name
         self._on_head_too_large = on_head_too_large
         self._server: asyncio.Server | None = None
+        # each open connection's task and writer: close() ends them itself
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port)
+        self._server = await asyncio.start_server(self._accept, host, port)
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A plain callback, not a coroutine: asyncio wraps a coroutine callback in a task of
+        # its own, and Python 3.11 logs that task's cancellation at the loop's end (a
+        # client still connected at SIGTERM) as an error with a traceback.
+        task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
+        self._connections[task] = writer
+        task.add_done_callback(self._connections.pop)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -149,11 +163,20 @@ class Listener:
         return sock[0], sock[1]
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-            self._server = None
+        """Stop listening and close the connections still open (a client may hold one
+        across a shutdown): each request's task then ends by itself (its reads end)."""
+        if self._server is None:
+            return
+        self._server.close()
+        for writer in self._connections.values():
+            writer.close()
+        if self._connections:
+            _, late = await asyncio.wait(set(self._connections), timeout=2.0)
+            for task in late:  # a route still waiting on something: not waited for longer
+                task.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -52,6 +52,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+def reason_of(e: BaseException) -> str:
+    """What a log line says of why ``e`` happened: its message, or for an exception raised
+    without one (``asyncio.wait_for``'s TimeoutError, a bare OSError) what it means, never
+    an empty reason. (``e or "..."`` never falls back: an exception object is always true.)"""
+    text = str(e)
+    if text:
+        return text
+    return "no answer in time" if isinstance(e, TimeoutError) else type(e).__name__
+
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -70,4 +80,4 @@ def setup(level: str = "INFO", fmt: str = "text", secrets: Iterable[str] = ()) -
     logging.getLogger("quic").setLevel(max(logging.ERROR, root.level))
 
 
-__all__ = ["JsonFormatter", "setup"]
+__all__ = ["JsonFormatter", "reason_of", "setup"]

@@ -49,6 +49,7 @@ from relay.admin import SIBLING_ROUTES, AdminAuth
 from relay.core.loops import new_relay_id
 from relay.core.siblings import read_worker_files
 from relay.http import Answer, Listener, read_body, request, text
+from relay.logs import reason_of
 from relay.merge import merge_admin_purge, merge_admin_state, merge_metrics
 from relay.metrics import admin_unauthorized_metric
 from relay.options import RelayConfig
@@ -461,7 +462,8 @@ class Supervisor:
                     return code, "text/plain; charset=utf-8", data
                 answers.append(json.loads(data))
             except (OSError, TimeoutError, ValueError) as e:
-                log.warning("admin %s %s: worker %d did not answer: %s", method, path, i, e)
+                log.warning("admin %s %s: worker %d did not answer: %s", method, path, i,
+                            reason_of(e))
                 return text(502, f"worker {i} did not answer")
         return answers
 

@@ -1,6 +1,6 @@
 """Suite-wide: the QUIC backend matrix (tests/backends.py), a fresh folder for the
-transformers engine's converted weights, and which tests stay together in one pytest-xdist
-worker (docs/testing.md)."""
+transformers engine's converted weights, which tests stay together in one pytest-xdist
+worker (docs/testing.md), and no test binding a relay's default port (tests/port_guard.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import port_guard
 import pytest
 from backends import ALL, SAME, use_backends
 
@@ -39,6 +40,7 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    port_guard.install()  # in every process that runs tests (each xdist worker too)
     # Every run converts the GGUF file once (the first in-process load) and the commands the
     # tests start read that copy: a user's own cache never stands in for the conversion.
     # xdist's workers inherit the folder the controlling process made (and removes).
@@ -96,6 +98,16 @@ def no_process_left_behind() -> Iterator[None]:
             os.kill(pid, signal.SIGKILL)
     assert not left, "tests left processes running (killed now): " + "; ".join(
         f"{pid}: {cmd[:200]}" for pid, cmd in left.items())
+
+
+@pytest.fixture(autouse=True)
+def no_default_port() -> Iterator[None]:
+    """A test that bound (or started a relay on) a relay's default port fails, also where
+    the code under test caught the guard's error (tests/port_guard.py)."""
+    port_guard.violations.clear()
+    yield
+    found, port_guard.violations[:] = list(port_guard.violations), []
+    assert not found, "; ".join(found)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

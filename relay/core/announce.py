@@ -31,6 +31,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from relay.logs import reason_of
 from relay.moqt.codes import RequestErrorCode
 from relay.moqt.primitives import (
     TrackNamespace,
@@ -205,7 +206,7 @@ class UpwardAnnouncer:
                 return
             del self._sent[prefix]
             log.info("announcement of %s upstream failed: %s; sent again in %.1f s",
-                     format_namespace(prefix), str(e) or "no answer in time", pause)
+                     format_namespace(prefix), reason_of(e), pause)
             await asyncio.sleep(pause)  # a back-off timer: nothing to wait on
             if session is self._session and not session.closed and \
                     prefix in self._wanted and prefix not in self._sent and \

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from relay.logs import reason_of
 from relay.moqt.params import Params
 from relay.moqt.primitives import Location, format_full_track_name
 from relay.session import LinkError, MoqtSession, RequestRejected
@@ -72,7 +73,7 @@ class UpstreamPush:
             fwd.close()
             relay.counters.upstream_pushes_failed += 1
             log.warning("push of %s upstream refused or failed: %s; it is served here only",
-                        format_full_track_name(*name), e or "no answer in time")
+                        format_full_track_name(*name), reason_of(e))
             return
         fwd.attach(served)
         relay.counters.upstream_pushes += 1

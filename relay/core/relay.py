@@ -11,6 +11,7 @@ import secrets
 import time
 from collections.abc import Callable
 
+from relay.logs import reason_of
 from relay.moqt.codes import (
     SessionErrorCode,
 )
@@ -158,7 +159,7 @@ class Relay:
         try:
             session = await MoqtSession.start(conn, self.session_config, handler)
         except (SessionFailure, LinkError) as e:
-            log.info("session setup failed: %s", e)
+            log.info("session setup failed: %s", reason_of(e))
             return
         handler.attach(session)
         # a sibling's session (a worker's, or a peer relay's: its SETUP said so) is the relay
@@ -176,7 +177,8 @@ class Relay:
             code, reason = await session.wait_closed()
             if not sibling:
                 self.counters.session_closed(conn.transport, code)
-            log.info("session closed: code 0x%x %s", code, reason)
+            # a close without a reason phrase ends the line at its code (no dangling blank)
+            log.info("session closed: code 0x%x%s", code, f" {reason}" if reason else "")
         finally:
             self.sessions.discard(session)
             self.sibling_sessions.discard(session)

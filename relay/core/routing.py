@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
 
+from relay.logs import reason_of
 from relay.moqt.codes import GroupOrder, LocationFilterType, RequestErrorCode
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
@@ -250,8 +251,7 @@ class Routing:
     def _unanswered(what: str, track: RelayTrack, e: Exception) -> RequestRejected:
         """A source that failed or did not answer in time: logged, and the refusal to give
         if no other source answers (the Track may exist there: TIMEOUT, not DOES_NOT_EXIST)."""
-        log.warning("upstream %s for %r failed: %s", what, track,
-                    str(e) or "no answer in time")
+        log.warning("upstream %s for %r failed: %s", what, track, reason_of(e))
         return RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
 
     def unreachable_error(self) -> RequestRejected | None:
@@ -367,7 +367,7 @@ class Routing:
                     self.learned(track, e)
                 else:
                     failed = True
-                log.info("upstream FETCH for %r failed: %s", track, e)
+                log.info("upstream FETCH for %r failed: %s", track, reason_of(e))
             finally:
                 if resp is not None and not resp.ended:
                     resp.cancel()  # stopped reading before its end: end it (see above)
@@ -438,7 +438,7 @@ class Routing:
                                               self.relay.options.default_fill_timeout)
             except (RequestRejected, SessionFailure, LinkError, TimeoutError) as e:
                 log.info("lower relay's namespaces under %s not followed yet: %s",
-                         format_namespace(prefix), str(e) or type(e).__name__)
+                         format_namespace(prefix), reason_of(e))
             else:
                 pause = RETRY_FIRST
                 try:

@@ -25,6 +25,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 
+from relay.logs import reason_of
 from relay.session import (
     LinkError,
     MoqtSession,
@@ -179,7 +180,7 @@ class UpstreamLink:
             try:
                 session = await self._open(url)
             except (LinkError, SessionFailure, OSError, TimeoutError) as e:
-                log.warning("upstream relay %s unreachable: %s", url, e or type(e).__name__)
+                log.warning("upstream relay %s unreachable: %s", url, reason_of(e))
                 continue
             refused = await self._verified(session)
             if refused is not None:
@@ -241,7 +242,7 @@ class UpstreamLink:
         try:
             session = await self._open(url)
         except (LinkError, SessionFailure, OSError, TimeoutError) as e:
-            log.info("no more sessions to upstream relay %s: %s", url, e or type(e).__name__)
+            log.info("no more sessions to upstream relay %s: %s", url, reason_of(e))
             return None
         if self.verify is not None and await self.verify(session) is not None:
             return None  # a loop: the first session's own check will refuse it too

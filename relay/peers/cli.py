@@ -4,6 +4,7 @@ libraries. Every failure is one line on stderr and a documented non-zero exit co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
@@ -66,6 +67,28 @@ def _fail(message: str, code: int = EXIT_ERROR) -> None:
     sys.exit(code)
 
 
+def _failure(e: BaseException) -> tuple[str, int] | None:
+    """The one line and the exit code a command ends with for ``e``; None for what ends the
+    command otherwise (a closed pipe, click's own exits, ``sys.exit``)."""
+    if isinstance(e, PeerError):
+        return str(e), e.exit_code
+    if isinstance(e, KvcsError):
+        return str(e), EXIT_ERROR
+    if isinstance(e, BrokenPipeError):
+        return None  # the reader went (`| head`): click ends quietly, as a pipe stage should
+    if isinstance(e, OSError):
+        return f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}", EXIT_ERROR
+    if isinstance(e, (SessionFailure, TransportError)):
+        return f"session: {e}", EXIT_ERROR
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted", 130
+    if isinstance(e, click.ClickException):  # click prints it itself (usage errors exit 2)
+        return e.format_message(), e.exit_code
+    if isinstance(e, Exception):  # no traceback reaches a user: one line, exit 1
+        return f"internal error: {type(e).__name__}: {e}", EXIT_ERROR
+    return None
+
+
 def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -74,22 +97,13 @@ def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         logging.getLogger("quic").setLevel(logging.CRITICAL)
         try:
             return fn(*args, **kwargs)
-        except PeerError as e:
-            _fail(str(e), e.exit_code)
-        except KvcsError as e:
-            _fail(str(e))
-        except BrokenPipeError:
-            raise  # the reader went (`| head`): click ends quietly, as a pipe stage should
-        except OSError as e:
-            _fail(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}")
-        except (SessionFailure, TransportError) as e:
-            _fail(f"session: {e}")
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise  # click prints these itself (usage errors exit 2)
-        except Exception as e:  # no traceback reaches a user: one line, exit 1
-            _fail(f"internal error: {type(e).__name__}: {e}")
+        except BaseException as e:
+            failure = _failure(e)
+            if failure is None:
+                raise
+            _fail(*failure)
     return wrapper
 
 
@@ -392,6 +406,25 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return relay_options(engine_options(fn), receives=True)
 
 
+def _reported(mode: str, kw: dict[str, Any]) -> None:
+    """`_consume`, whose ``--report`` is written on every exit code: a retrieval that ends
+    in an error (nothing found: 3, upstream unreachable: 9, unauthorized: 8, ...) writes what
+    it knows then (its decisions, the relays it tried), with the exit code and the line the
+    command printed as ``error``. Those are the runs an operator most wants it for."""
+    try:
+        _consume(mode, **kw)
+    except BaseException as e:
+        report: Path | None = kw.get("report")
+        failure = _failure(e)
+        if report is not None and failure is not None:
+            doc = dict(e.report if isinstance(e, PeerError) and e.report else {"mode": mode})
+            doc.update(exit_code=failure[1], error=failure[0],
+                       quic_backend=default_backend("client"))
+            with contextlib.suppress(OSError):  # the command's own failure is what to say
+                report.write_text(json.dumps(doc, indent=2) + "\n")
+        raise
+
+
 def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
              connect_ms: float, token: Path | None,
              descriptor: Path, scope_key: Path, tokens: Path, codec: str, joint: bool,
@@ -478,7 +511,7 @@ def _consume(mode: str, relay: tuple[str, ...], ca: Path | None, insecure: bool,
 def subscribe(**kw: Any) -> None:
     """Retrieve a cache while it is produced (kvcs-draft 5.2): discover, SUBSCRIBE with Next
     Object + fill from {0,0}, verify, recover; falls back to FETCH if production is over."""
-    _consume("live", **kw)
+    _reported("live", kw)
 
 
 @click.command("fetch", epilog=EXIT_CODES_HELP)
@@ -487,7 +520,7 @@ def subscribe(**kw: Any) -> None:
 def fetch(**kw: Any) -> None:
     """Retrieve a completed cache (kvcs-draft 5.3): discover, FETCH layers in ascending order
     (OBJECTID_FILTER for a prompt that diverges inside a segment), verify, recover."""
-    _consume("completed", **kw)
+    _reported("completed", kw)
 
 
 # -- prefill (a real model computes the cache) ------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 EXIT_OK = 0
 EXIT_ERROR = 1  # unexpected failure, no relay reachable, bad input file
 EXIT_USAGE = 2  # click's own code for bad options
@@ -23,6 +25,8 @@ class PeerError(Exception):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+        # what a retrieval knew when it failed (its --report), set by the subscriber
+        self.report: dict[str, Any] | None = None
 
 
 class InputError(PeerError):

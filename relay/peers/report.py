@@ -27,6 +27,7 @@ def build_report(state: RetrievalState, mode: str, recompute: list[int], exit_co
     return {
         "mode": mode,
         "exit_code": exit_code,
+        "error": None,  # the line a command that fails prints (relay/peers/cli.py, _reported)
         "namespace": format_namespace(state.namespace) if state.namespace else None,
         "manifest_signed": bool(state.verifier and state.verifier.signed),
         "deterministic": bool(manifest and manifest.deterministic),

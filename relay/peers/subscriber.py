@@ -222,7 +222,9 @@ async def retrieve(opts: RetrieveOptions) -> Retrieval:
     except TimeoutError:
         state.deadline_passed = True
         state.decide("deadline", missing_layers=state.missing_layers())
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, PeerError):  # its --report: what was tried before nothing came of it
+            e.report = build_report(state, opts.mode, state.missing_layers(), e.exit_code)
         await sessions.close()
         raise
     result = _result(opts, state, refusals)

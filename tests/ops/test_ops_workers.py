@@ -275,13 +275,32 @@ async def test_without_pdeathsig_the_pipe_ends_the_worker() -> None:
             await proc.wait()
 
 
+async def _hang_up_at_once(port: int, request: bytes) -> None:
+    """A client that sends ``request`` and closes before the answer: the answer then meets a
+    closed socket, whose reset the listener must take quietly."""
+    _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), TIMEOUT)
+    writer.write(request)
+    await asyncio.wait_for(writer.drain(), TIMEOUT)
+    writer.close()
+
+
 async def test_supervisor_answers_abusive_admin_requests_cleanly(tmp_path: Path) -> None:
     """The supervisor's listener, like a single relay's (test_ops_admin.py): each request
     is answered (400, 401, 431), none leaves a traceback in the supervisor's or a worker's
-    log, and the refusals without the token are counted in the one /metrics."""
+    log, and the refusals without the token are counted in the one /metrics. Nor do a
+    client that hangs up before its answer, or clients still connected at SIGTERM (to the
+    supervisor's listener and to a worker's), half-way through their request."""
     data, ready = tmp_path / "data", tmp_path / "ready.json"
+    held: list[asyncio.StreamWriter] = []
     async with workers(data, ready):
         mport = info(ready)["metrics_port"]
+        await _hang_up_at_once(mport, b"GET /metrics HTTP/1.1\r\n\r\n")
+        for port in (mport, info(ready)["workers"][0]["metrics_port"]):
+            _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port),
+                                               TIMEOUT)
+            writer.write(b"GET /metr")
+            await asyncio.wait_for(writer.drain(), TIMEOUT)
+            held.append(writer)
         for what, request, status in abusive_requests():
             code, body = await raw_http(mport, request)
             assert code == status, what
@@ -292,9 +311,10 @@ async def test_supervisor_answers_abusive_admin_requests_cleanly(tmp_path: Path)
         code, text = await http(mport, "POST", "/admin/purge-sibling-routes",
                                 body=json.dumps({"namespaces": ["kvcs-1/hex:00ff"]}).encode())
         assert (code, json.loads(text)) == (200, {"routes_removed": 0, "namespaces_done": []})
-        # read before the shutdown: each line of a request's failure is written before its
-        # connection closes, and what the shutdown logs is not these requests' doing
-        log = (tmp_path / "relay.log").read_text()
+    for writer in held:  # through the SIGTERM that ended the workers and the supervisor
+        writer.close()
+    log = (tmp_path / "relay.log").read_text()  # the processes have all exited: it is whole
+    assert "relay stopped (2 workers)" in log
     assert "Traceback" not in log and " ERROR " not in log, log
 
 

@@ -188,6 +188,17 @@ async def test_fetch_through_a_relay_whose_upstream_is_dead_says_so(
     last = err.splitlines()[-1]
     assert last.startswith("error: the relay's upstream is unreachable ("), err
     assert edge.url in last and "upstream unreachable" in last
+    _failure_reported(files["report"], EXIT_UNREACHABLE, last, c.descriptor.layers)
+
+
+def _failure_reported(path: Path, code: int, line: str, layers: int) -> None:
+    """--report is written on a failed retrieval too: its exit code, the line the command
+    printed, and what it knew (no block reused: every layer to recompute; its decisions)."""
+    rep = json.loads(path.read_text())
+    assert (rep["exit_code"], rep["mode"]) == (code, "completed")
+    assert "error: " + rep["error"] == line
+    assert rep["reused_blocks"] == 0 and rep["recompute_layers"] == list(range(layers))
+    assert isinstance(rep["decisions"], list) and rep["quic_backend"] in ("aioquic", "qh3")
 
 
 async def test_fetch_through_a_relay_without_upstream_still_says_no_publication(
@@ -198,3 +209,5 @@ async def test_fetch_through_a_relay_without_upstream_still_says_no_publication(
                                   timeout=TIMEOUT)
     assert code == EXIT_NOT_FOUND, err
     assert err.splitlines()[-1] == "error: no publication of this prompt's prefix on any relay"
+    _failure_reported(tmp_path / "report.json", EXIT_NOT_FOUND, err.splitlines()[-1],
+                      c.descriptor.layers)

@@ -264,6 +264,7 @@ async def test_the_relay_config_key_reaches_its_connections(
     from relay.service import start_relay
 
     settings = load({"congestion_control": name, "listen": "127.0.0.1:0",
+                     "metrics_listen": "off",  # its default port may be a running relay's
                      "data_dir": str(tmp_path), "quic_backend": "aioquic",
                      "memory_bytes": str(16 << 20), "lmdb_bytes": str(16 << 20)}, {})
     running = await w(start_relay(settings.relay_config()))

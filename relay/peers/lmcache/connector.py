@@ -49,6 +49,7 @@ from lmcache.v1.storage_backend.connector import (
 )
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
+from relay.logs import reason_of
 from relay.moqt.codes import GroupOrder
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
@@ -123,7 +124,7 @@ class KvcsConnector(RemoteConnector):
             try:
                 self._session = await connect(self.settings.relay_url, self.settings.access)
             except Exception as e:
-                log.warning("KVCS relay unreachable, LMCache recomputes: %s", e)
+                log.warning("KVCS relay unreachable, LMCache recomputes: %s", reason_of(e))
             finally:
                 # also when the caller's bound cancelled the dialling
                 if self._session is None:
@@ -257,7 +258,7 @@ class KvcsConnector(RemoteConnector):
             await publish_plan(plan, self.settings.access, PublishOptions(
                 confirm=self.settings.confirm, confirm_timeout=self.settings.timeout))
         except Exception as e:
-            log.warning("KVCS put of chunk %x failed: %s", key.chunk_hash, e)
+            log.warning("KVCS put of chunk %x failed: %s", key.chunk_hash, reason_of(e))
         finally:
             self._puts.discard(task)  # type: ignore[arg-type]
 

@@ -53,19 +53,17 @@ class IncomingPublish(IncomingTrackRequest):
 
 async def _ask_forward(sub: Subscription) -> None:
     """REQUEST_UPDATE Forward 1 on a PUBLISH offered with Forward 0 (§7.6). A publisher that
-    refuses it (REQUEST_ERROR) or drops the request ends this subscription only, never the
-    session and its other Tracks: it would deliver nothing at Forward 0, and §7.5 has the
-    publisher end it with PUBLISH_DONE UPDATE_FAILED anyway, which not every publisher
-    does."""
+    refuses it (REQUEST_ERROR) or drops the request ends that request only, never the
+    session and its other Tracks: the subscription stays as the publisher left it (Forward
+    0), for the publisher to end (§7.5: PUBLISH_DONE UPDATE_FAILED) or to serve anyway, as
+    some do once their PUBLISH is accepted; the Track stays known and discoverable."""
     try:
         await sub.update(Params(forward=True))
     except (RequestRejected, RequestCancelled) as e:
-        if sub.ended:
-            return
-        log.warning("PUBLISH of %s: the publisher refused Forward 1 (%s); that "
-                    "subscription is ended, the session goes on",
-                    format_full_track_name(*sub.full_name), e)
-        sub.cancel(StreamResetCode.CANCELLED)
+        if not sub.ended:
+            log.warning("PUBLISH of %s: the publisher refused Forward 1 (%s); the subscription "
+                        "stays at Forward 0, the session goes on",
+                        format_full_track_name(*sub.full_name), e)
     except SessionClosed:
         pass
 

@@ -77,6 +77,11 @@ class RelayOptions:
         5.0, key="fill_timeout", kind="positive_float", unit="seconds",
         help="Seconds a fill or FETCH waits for unknown Objects when the request gives no "
              "FILL_TIMEOUT.")
+    max_rendezvous_timeout: int = setting(
+        10000, kind="int", unit="milliseconds",
+        see='[relay.md, "Rendezvous"](relay.md#rendezvous)',
+        help="Longest a SUBSCRIBE for a Track nobody publishes is held for a publisher: its "
+             "RENDEZVOUS_TIMEOUT, capped by this. 0: answered at once.")
     # How long a range the cache lacks waits for Objects in flight on the upstream
     # subscription before it is fetched (seconds).
     in_flight_wait: float = 1.0

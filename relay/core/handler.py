@@ -27,6 +27,7 @@ from relay.moqt.location_filter import (
 )
 from relay.moqt.params import Params, check_filter_ranges
 from relay.moqt.primitives import (
+    FullTrackName,
     Location,
     TrackNamespace,
     format_full_track_name,
@@ -40,6 +41,7 @@ from relay.session import (
     IncomingPublishNamespace,
     IncomingSubscribe,
     IncomingSubscribeNamespace,
+    IncomingSubscribeTracks,
     IncomingTrackStatus,
     LinkError,
     MoqtSession,
@@ -60,6 +62,7 @@ from .namespaces import CACHE, NamespaceListener, PublisherEntry, Reach, not_fro
 from .scheduler import DEFAULT_SUBSCRIBER_PRIORITY, ScheduledWriter, SessionScheduler
 from .siblings import SELF_LINK, sibling_instance
 from .track import RelayTrack
+from .track_offers import TrackOffers
 from .upstream import UNREACHABLE
 from .upstream_namespaces import UPSTREAM_ANSWER_WAIT
 
@@ -144,6 +147,9 @@ class RelayHandler(SessionHandler):
         self.reach = reach
         self.session: MoqtSession | None = None
         self._scheduler: SessionScheduler | None = None
+        # Tracks this session's SUBSCRIBEs are for, while they run (held ones included)
+        self.subscribing: dict[FullTrackName, int] = {}
+        self.track_offers: list[TrackOffers] = []  # its SUBSCRIBE_TRACKS, while they live
 
     @property
     def sibling(self) -> bool:
@@ -340,20 +346,61 @@ class RelayHandler(SessionHandler):
             if interest is not None:
                 interest.release()
 
+    async def subscribe_tracks(self, req: IncomingSubscribeTracks) -> None:
+        """A PUBLISH per Track under the prefix, now and later (track_offers.py)."""
+        tokens = _tokens(_moqt_session(req), req.params)
+        if not self.auth.allows_prefix(Role.SUBSCRIBE, req.prefix, tokens):
+            self.relay.counters.auth_failures += 1
+            await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that prefix")
+            return
+        # SUBSCRIBE_TRACKS prefixes overlap among themselves only, not with
+        # SUBSCRIBE_NAMESPACE's (draft-22 SUBSCRIBE_TRACKS)
+        if any(prefixes_overlap(o.req.prefix, req.prefix) and not o.req.cancelled.is_set()
+               for o in self.track_offers):
+            await req.reject(RequestErrorCode.PREFIX_OVERLAP, "overlaps an earlier prefix")
+            return
+        offers = TrackOffers(self, req, tokens)
+        self.track_offers.append(offers)
+        try:
+            await offers.run()
+        finally:
+            self.track_offers.remove(offers)
+
     # -- subscriptions ----------------------------------------------------------------------------
 
     async def subscribe(self, req: IncomingSubscribe) -> None:
-        relay = self.relay
         if not self._allowed(req, Role.SUBSCRIBE, req.namespace):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
             return
         if req.namespace and req.namespace[0].startswith(b"."):
             await req.reject(RequestErrorCode.DOES_NOT_EXIST, "reserved namespace")
             return
+        name = req.full_name
+        # a Track this session subscribes to (or waits for) is not also PUBLISHed to it by
+        # its SUBSCRIBE_TRACKS (draft-22 §Relays: the held SUBSCRIBE proceeds instead)
+        self.subscribing[name] = self.subscribing.get(name, 0) + 1
+        try:
+            await self._subscribe(req)
+        finally:
+            left = self.subscribing[name] - 1
+            if left:
+                self.subscribing[name] = left
+            else:
+                del self.subscribing[name]
+
+    async def _subscribe(self, req: IncomingSubscribe) -> None:
+        relay = self.relay
         track = relay.track(req.full_name)
         params = req.params
         err = await relay.routing.ensure_upstream(track, reach=self.reach,
                                                   fill=_fill_filter(params))
+        hold = self._rendezvous_window(params)
+        if err is not None and err.code == RequestErrorCode.DOES_NOT_EXIST and hold > 0 and \
+                track.store.known_final(track.key) is None:
+            held = await self._rendezvous(req, track, hold)
+            if held is None:
+                return  # the subscriber cancelled while held: nothing to answer
+            track, err = held
         ended = err is not None and track.store.known_final(track.key) is not None
         if err is not None and not ended:
             err = relay.routing.in_outage(track, err)
@@ -399,6 +446,55 @@ class RelayHandler(SessionHandler):
             # rather than refusing it (see docs/relay.md).
             fwd.upstream_done(PublishDoneCode.TRACK_ENDED, "track ended")
         await fwd.wait_finished(served.cancelled)
+
+    def _rendezvous_window(self, params: Params) -> float:
+        """Seconds a SUBSCRIBE may be held for a publisher: its RENDEZVOUS_TIMEOUT, capped
+        by ``max_rendezvous_timeout`` (§6.3: a relay may use a shorter one); 0: answer at
+        once."""
+        asked = params.rendezvous_timeout or 0
+        return min(asked, self.relay.options.max_rendezvous_timeout) / 1000
+
+    async def _rendezvous(self, req: IncomingSubscribe, track: RelayTrack, hold: float
+                          ) -> tuple[RelayTrack, RequestRejected | None] | None:
+        """Hold a SUBSCRIBE for a Track with no publisher until one appears here or up the
+        tree (rendezvous.py), at most ``hold`` seconds: the Track and what its sources then
+        answered (TIMEOUT when none appeared), or None if the subscriber cancelled meanwhile."""
+        relay = self.relay
+        name = req.full_name
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + hold
+        upstream = relay.routing.upstream_namespaces if self.reach is Reach.ALL else None
+        # the upstream relay's namespaces under the Track's are heard while it is held
+        interest = upstream.acquire(name.namespace) if upstream is not None else None
+        cancelled = asyncio.ensure_future(req.rs.wait_reset())
+        try:
+            with relay.rendezvous.waiting(name.namespace) as woken:
+                while (remaining := deadline - loop.time()) > 0:
+                    woke = asyncio.ensure_future(woken.wait())
+                    try:
+                        done, _ = await asyncio.wait({woke, cancelled}, timeout=remaining,
+                                                     return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        woke.cancel()
+                    if cancelled in done:
+                        relay.forget_if_idle(track)
+                        return None
+                    if woke not in done:
+                        break
+                    woken.clear()
+                    track = relay.track(name)  # the registry may have swept it meanwhile
+                    err = await relay.routing.ensure_upstream(track, reach=self.reach,
+                                                              fill=_fill_filter(req.params))
+                    if err is None or err.code != RequestErrorCode.DOES_NOT_EXIST:
+                        return track, err
+        finally:
+            cancelled.cancel()
+            if interest is not None:
+                interest.release()
+        log.info("SUBSCRIBE %s: no publisher within its RENDEZVOUS_TIMEOUT (%.0f ms)",
+                 format_full_track_name(*name), hold * 1000)
+        return track, RequestRejected(RequestErrorCode.TIMEOUT,
+                                      "no publisher within RENDEZVOUS_TIMEOUT")
 
     async def _on_update(self, track: RelayTrack, served: ServedSubscription, fwd: Forwarder,
                          msg: Any) -> Params:

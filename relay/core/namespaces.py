@@ -96,6 +96,8 @@ class NamespaceTable:
         self._under: dict[TrackNamespace, dict[TrackNamespace, None]] = {}
         self._listening_at: dict[TrackNamespace, dict[NamespaceListener, None]] = {}
         self._by_session: dict[int, dict[NamespaceListener, None]] = {}  # id(session) ->
+        # told of every new source (SUBSCRIBEs held for a publisher wake on it, rendezvous.py)
+        self.on_add: Callable[[TrackNamespace], None] | None = None
 
     # publishers --------------------------------------------------------------------------------
 
@@ -108,6 +110,8 @@ class NamespaceTable:
                 self._under.setdefault(ns[:k], {})[ns] = None
         entries.append(entry)
         self._changed(ns)
+        if self.on_add is not None:
+            self.on_add(ns)
 
     def _forget(self, namespace: TrackNamespace) -> None:
         del self._publishers[namespace]

@@ -35,6 +35,7 @@ from .handler import RelayHandler
 from .namespaces import NamespaceTable, PublisherEntry, Reach
 from .persistence import Persistence
 from .push import UpstreamPush
+from .rendezvous import Rendezvous
 from .routing import Routing
 from .track import RelayTrack
 from .upstream import UpstreamLink
@@ -99,6 +100,11 @@ class Relay:
                 self.push = UpstreamPush(self)
         self.persistence = Persistence(store, self.namespaces, self.counters, clock)
         self.routing = Routing(self)
+        # SUBSCRIBEs waiting for a publisher (RENDEZVOUS_TIMEOUT), woken by new sources
+        self.rendezvous = Rendezvous()
+        self.namespaces.on_add = self.rendezvous.appeared
+        # told of every Track that gains a live upstream (SUBSCRIBE_TRACKS, track_offers.py)
+        self.track_listeners: set[Callable[[RelayTrack], None]] = set()
 
     def list_until_committed(self, track: RelayTrack, entry: PublisherEntry) -> None:
         """``entry`` listed the namespace of a Track pushed here with PUBLISH, whose push has
@@ -196,10 +202,16 @@ class Relay:
             t = self.tracks[name] = RelayTrack(name, self.store, self.persistence.commit)
             self.tracks_by_namespace.setdefault(name.namespace, {})[name] = t
             t.counters = self.counters
+            t.on_available = self._track_available
             stored = self.store.track_properties(t.key)
             if stored:  # a Track held in LMDB keeps its Track Properties across restarts
                 t.set_properties(kvps_from_bytes(stored))
         return t
+
+    def _track_available(self, track: RelayTrack) -> None:
+        self.rendezvous.appeared(track.full_name.namespace)
+        for listener in list(self.track_listeners):
+            listener(track)
 
     def sweep(self) -> int:
         """Forget Tracks that have nothing left: no upstream, no subscriber, nothing cached

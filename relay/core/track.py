@@ -101,6 +101,8 @@ class RelayTrack:
         self.properties: tuple[Any, ...] = ()  # Track Properties from upstream (§12)
         self._commit_again = False
         self.counters: Counters | None = None  # the Relay's (objects received)
+        # told when the Track gains a live upstream (held SUBSCRIBEs, SUBSCRIBE_TRACKS)
+        self.on_available: Callable[[RelayTrack], None] | None = None
 
     def __repr__(self) -> str:
         return f"<RelayTrack {format_full_track_name(*self.full_name)}>"
@@ -167,6 +169,8 @@ class RelayTrack:
         runs: a SUBSCRIBE answered in between must see both (§6.3: never report less)."""
         if sub not in self.upstreams:
             self.upstreams.append(sub)
+            if len(self.upstreams) == 1 and self.on_available is not None:
+                self.on_available(self)
         self.note_largest(sub.largest)
         if sub.track_properties:
             # the most recent set replaces the cached one (§12); forwarded unchanged

@@ -46,6 +46,7 @@ from .publish import IncomingPublish
 from .session import MoqtSession
 from .subscribe import IncomingSubscribe, ServedSubscription, Subscription
 from .track_status import IncomingTrackStatus
+from .tracks import IncomingSubscribeTracks, TrackSubscription
 from .writers import FetchWriter, SubgroupWriter
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "IncomingPublishNamespace",
     "IncomingSubscribe",
     "IncomingSubscribeNamespace",
+    "IncomingSubscribeTracks",
     "IncomingTrackStatus",
     "LinkError",
     "MoqtSession",
@@ -82,5 +84,6 @@ __all__ = [
     "SubgroupWriter",
     "Subscription",
     "SubscriptionDone",
+    "TrackSubscription",
     "open_session",
 ]

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .publish import IncomingPublish
     from .subscribe import IncomingSubscribe
     from .track_status import IncomingTrackStatus
+    from .tracks import IncomingSubscribeTracks
 
 _NS = RequestErrorCode.NOT_SUPPORTED
 
@@ -40,6 +41,9 @@ class SessionHandler:
 
     async def subscribe_namespace(self, req: IncomingSubscribeNamespace) -> None:
         await req.reject(_NS, "SUBSCRIBE_NAMESPACE is not served here")
+
+    async def subscribe_tracks(self, req: IncomingSubscribeTracks) -> None:
+        await req.reject(_NS, "SUBSCRIBE_TRACKS is not served here")
 
     async def track_status(self, req: IncomingTrackStatus) -> None:
         await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no such track")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import deque
 
@@ -95,6 +96,22 @@ class RequestStream:
                 self._pending.clear()
                 await self.release()
                 return None
+
+    async def wait_reset(self) -> None:
+        """Return once the peer reset its direction (it cancelled the request, §5.1), while
+        we hold back the answer. A message that arrives meanwhile stays for ``recv``; after
+        one, or after FIN, this waits forever (nothing but a reset cancels then)."""
+        while not self._pending and not self._recv_done:
+            try:
+                chunk = await self.recv_stream.read()
+            except StreamReset:
+                if not self._released:
+                    return
+                break
+            if not chunk:
+                self._recv_done = True
+            self._pending.extend(self.state.receive(chunk, not chunk))
+        await asyncio.Event().wait()
 
     def take_received(self) -> list[Message]:
         """The messages that arrived with the last one ``recv`` returned (in the same read)

@@ -24,6 +24,7 @@ from relay.moqt.messages import (
     Setup,
     Subscribe,
     SubscribeNamespace,
+    SubscribeTracks,
     TrackStatus,
 )
 from relay.moqt.params import Params
@@ -56,6 +57,7 @@ from .publish import IncomingPublish, start_publish
 from .request_stream import RequestStream
 from .subscribe import IncomingSubscribe, ServedSubscription, Subscription, start_subscribe
 from .track_status import IncomingTrackStatus, track_status
+from .tracks import IncomingSubscribeTracks, TrackSubscription, start_subscribe_tracks
 
 
 class MoqtSession(SessionBase):
@@ -63,7 +65,8 @@ class MoqtSession(SessionBase):
 
     Create with :meth:`start` (both roles); the handler answers the peer's requests.
     Outgoing requests: :meth:`subscribe`, :meth:`fetch`, :meth:`publish`,
-    :meth:`publish_namespace`, :meth:`subscribe_namespace`, :meth:`track_status`.
+    :meth:`publish_namespace`, :meth:`subscribe_namespace`, :meth:`subscribe_tracks`,
+    :meth:`track_status`.
     """
 
     def __init__(self, conn: Connection, config: SessionConfig | None = None,
@@ -230,6 +233,8 @@ class MoqtSession(SessionBase):
             await IncomingPublishNamespace(self, rs, msg).run(h.publish_namespace)
         elif isinstance(msg, SubscribeNamespace):
             await IncomingSubscribeNamespace(self, rs, msg).run(h.subscribe_namespace)
+        elif isinstance(msg, SubscribeTracks):
+            await IncomingSubscribeTracks(self, rs, msg).run(h.subscribe_tracks)
         else:
             assert isinstance(msg, TrackStatus)
             await IncomingTrackStatus(self, rs, msg).run(h.track_status)
@@ -259,6 +264,12 @@ class MoqtSession(SessionBase):
     async def subscribe_namespace(self, prefix: TrackNamespace, params: Params | None = None
                                   ) -> NamespaceSubscription:
         return await start_subscribe_namespace(self, prefix, params or Params())
+
+    async def subscribe_tracks(self, prefix: TrackNamespace, params: Params | None = None
+                               ) -> TrackSubscription:
+        """SUBSCRIBE_TRACKS: the peer PUBLISHes each Track under ``prefix`` to us (our
+        handler's ``publish`` answers each)."""
+        return await start_subscribe_tracks(self, prefix, params or Params())
 
     async def track_status(self, namespace: TrackNamespace, name: bytes,
                            params: Params | None = None) -> Any:

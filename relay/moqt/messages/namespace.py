@@ -1,7 +1,7 @@
 """Namespace messages (§7.12, §7.13, §7.15): PUBLISH_NAMESPACE (0x06), SUBSCRIBE_NAMESPACE (0x50),
-NAMESPACE (0x08), NAMESPACE_DONE (0x0E), and the tolerated SUBSCRIBE_TRACKS (0x51).
-PUBLISH_SKIPPED (0x0F) answers only a SUBSCRIBE_TRACKS, which this project never sends, so
-it is not decoded (an unknown type: PROTOCOL_VIOLATION, as it would be anywhere else)."""
+NAMESPACE (0x08), NAMESPACE_DONE (0x0E), and SUBSCRIBE_TRACKS (0x51). PUBLISH_SKIPPED (0x0F)
+answers only a SUBSCRIBE_TRACKS; the relay never sends it and our clients never meet it from
+the relay, so it is not decoded (an unknown type: PROTOCOL_VIOLATION, as anywhere else)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ class SubscribeNamespace(_NamespaceRequest):
 
 @dataclass(frozen=True)
 class SubscribeTracks(_NamespaceRequest):
-    """Tolerated only: parsed, typically refused with NOT_SUPPORTED."""
+    """``track_namespace`` is the prefix; answered with REQUEST_OK, then a PUBLISH per Track
+    (the relay: relay/core/track_offers.py)."""
 
     TYPE: ClassVar[MessageType] = MessageType.SUBSCRIBE_TRACKS
     SCOPE: ClassVar[ParamScope] = ParamScope.SUBSCRIBE_TRACKS

@@ -67,7 +67,8 @@ _FROM_RESPONDER = {
     M.TRACK_STATUS: frozenset({M.GOAWAY}),
     M.PUBLISH_NAMESPACE: _REPLIES | {M.GOAWAY},
     M.SUBSCRIBE_NAMESPACE: _REPLIES | {M.NAMESPACE, M.NAMESPACE_DONE, M.GOAWAY},
-    # (PUBLISH_SKIPPED would follow a SUBSCRIBE_TRACKS, which we never send: not decoded)
+    # (PUBLISH_SKIPPED may follow a SUBSCRIBE_TRACKS; a relay of this project never sends
+    # one, and it is not decoded: from another, it closes the session)
     M.SUBSCRIBE_TRACKS: _REPLIES | {M.GOAWAY},
 }
 _FROM_REQUESTER = {
@@ -214,9 +215,6 @@ class RequestState:
                 check_filter_ranges(params, s.max_filter_ranges)
             except RequestError as e:  # INVALID_FILTER: a request error (Appendix B)
                 return Refuse(e.code, e.reason, True)
-        if t == M.SUBSCRIBE_TRACKS:  # tolerated, not served (§7.15)
-            return Refuse(RequestErrorCode.NOT_SUPPORTED, "SUBSCRIBE_TRACKS is not supported",
-                          True)
         if isinstance(msg, Publish):
             s.aliases.bind(msg.track_alias, self.full_name, msg.request_id)
         return msg

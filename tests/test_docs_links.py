@@ -58,6 +58,8 @@ def test_every_markdown_link_stays_in_the_repository() -> None:
 def test_no_text_names_a_path_outside_the_repository() -> None:
     bad = []
     for f in _tracked():
+        if f == Path(__file__).resolve():
+            continue  # its own examples of what is caught (below)
         try:
             text = f.read_text()
         except (UnicodeDecodeError, IsADirectoryError):

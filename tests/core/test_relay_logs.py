@@ -17,6 +17,7 @@ from relay_helpers import TIMEOUT, client, make_ns, push_track, relay_at
 from relay.core.relay import RelayOptions
 from relay.moqt.primitives import FullTrackName
 from relay.session import Connection, IncomingPublish, MoqtSession, SessionHandler
+from relay.session.wire import MOQT
 from relay.transport import ensure_self_signed, serve
 
 
@@ -61,7 +62,7 @@ async def test_a_push_upstream_that_gets_no_answer_is_logged_with_a_reason(
         await s.wait_closed()
 
     tls = ensure_self_signed(tmp_path / "tls")
-    srv = await serve("127.0.0.1", 0, tls.certfile, tls.keyfile, on_conn)
+    srv = await serve("127.0.0.1", 0, tls.certfile, tls.keyfile, on_conn, application=MOQT)
     a = await relay_at(tmp_path / "a", upstream=[f"moqt://127.0.0.1:{srv.port}/"],
                        options=RelayOptions(upstream_push=True, default_fill_timeout=0.3))
     try:

@@ -28,7 +28,12 @@ _MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL,
             # the controllers are aioquic's (qh3 has no choice): its pair alone
             "test_congestion.py": {"aioquic": SAME["aioquic"]},
             # the exposition format, not QUIC: one backend (a real Prometheus takes seconds)
-            "test_ops_prometheus.py": {"aioquic": SAME["aioquic"]}}
+            "test_ops_prometheus.py": {"aioquic": SAME["aioquic"]},
+            # HTTP (admin API, /metrics, health) and configuration, not QUIC: one backend
+            # (what an admin purge does to sessions is the core's, the same on both)
+            "test_ops_admin.py": {"aioquic": SAME["aioquic"]},
+            "test_ops_config.py": {"aioquic": SAME["aioquic"]},
+            "test_ops_metrics.py": {"aioquic": SAME["aioquic"]}}
 
 # Folders whose tests all run in one xdist worker, one after another (`--dist loadgroup`,
 # set in pyproject.toml; pytest_xdist_make_scheduler below): the model tests share the

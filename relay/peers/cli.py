@@ -393,7 +393,8 @@ def consumer_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True,
                      help="QUIC connections to the relay for FETCHing layers, the layers "
                           "split across them: on a lossy path each has its own congestion "
-                          "window (docs/deployment.md)."),
+                          "window, and a relay with --workers may serve each on its own "
+                          "core; the report says what each carried (docs/deployment.md)."),
         click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
                      help="KV cache file for the reused prefix."),
         click.option("--report", type=click.Path(dir_okay=False, path_type=Path),

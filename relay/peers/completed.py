@@ -89,8 +89,10 @@ def objectid_filter(session: MoqtSession, target: Target) -> tuple[RangeFilter, 
 
 
 async def fetch_track(session: MoqtSession, url: str, state: RetrievalState, target: Target,
-                      track: str, first: int, last: int) -> None:
-    """FETCH layers first..last of one data track into ``state``; gaps stay missing."""
+                      track: str, first: int, last: int, connection: str | None = None
+                      ) -> None:
+    """FETCH layers first..last of one data track into ``state``; gaps stay missing.
+    ``connection`` names ``session`` in the report's per-connection counts."""
     assert state.namespace is not None
     params = Params(location_filter=LocationFilter.absolute_group_end(first, 0, last),
                     group_order=GroupOrder.ASCENDING,
@@ -101,21 +103,27 @@ async def fetch_track(session: MoqtSession, url: str, state: RetrievalState, tar
     state.note_rtt(time.monotonic() - sent)
     async for ev in resp:
         if isinstance(ev, ReceivedObject):
+            if connection is not None:
+                state.carry(connection, len(ev.payload))
             state.on_object(url, target, track, ev.group, ev.object_id, ev.payload)
         elif isinstance(ev, RangeMarker):
             state.decide("unknown-range", relay=url, track=track, end=list(ev.end))
 
 
 async def retrieve_completed(sessions: Sequence[MoqtSession], url: str,
-                             state: RetrievalState, layers: list[int] | None = None) -> None:
+                             state: RetrievalState, layers: list[int] | None = None,
+                             labels: Sequence[str] | None = None) -> None:
     """FETCH every reused segment's tracks (restricted to ``layers`` if given). With several
     ``sessions`` (connections to the one relay) the layer range is cut into as many
-    contiguous slices, one FETCH per track and slice, each slice on its own connection."""
+    contiguous slices, one FETCH per track and slice, each slice on its own connection.
+    ``labels`` name the sessions in the report. A slice whose connection fails leaves its
+    layers missing (decision "fetch-failed"): the caller's recovery FETCHes them again."""
     wanted = sorted(layers) if layers else list(range(state.descriptor.layers))
     first, last = wanted[0], wanted[-1]
     n = max(1, min(len(sessions), last - first + 1))
     bounds = [first + (last - first + 1) * i // n for i in range(n + 1)]
-    jobs = [fetch_track(sessions[i], url, state, t, track, bounds[i], bounds[i + 1] - 1)
+    jobs = [fetch_track(sessions[i], url, state, t, track, bounds[i], bounds[i + 1] - 1,
+                        labels[i] if labels is not None else None)
             for t in state.targets.values() if not t.reasm.complete for track in t.tracks
             for i in range(n)]
     results = await asyncio.gather(*jobs, return_exceptions=True)

@@ -44,6 +44,8 @@ def build_report(state: RetrievalState, mode: str, recompute: list[int], exit_co
         "objects_discarded": sum(x["objects_discarded"] for x in layers),
         "objects_duplicate": state.duplicates,
         "retries": state.retries,
+        "connections": [{"connection": c, "objects": n, "bytes": b}
+                        for c, (n, b) in state.carried.items()],
         "recompute_layers": recompute,
         "deadline_passed": state.deadline_passed,
         # --require-cose: Objects received but never listed by a signed manifest version

@@ -82,6 +82,10 @@ class RetrievalState:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     retries: int = 0
     duplicates: int = 0  # Objects received again (ignored): exactly-once is checkable
+    # Objects and payload bytes each connection's layer FETCHes carried ("url#n": the n-th
+    # connection this retrieval made to that relay): with --connections, that each one
+    # carried its part is checkable, and a connection that died shows as one that stopped.
+    carried: dict[str, list[int]] = field(default_factory=dict)
     # The shortest request round trip seen (SETUP, FETCH_OK, SUBSCRIBE_OK), in seconds: what
     # one more request on this path costs at least, so recovery is never given less.
     rtt: float | None = None
@@ -109,6 +113,11 @@ class RetrievalState:
         except TimeoutError:
             return False
         return True
+
+    def carry(self, connection: str, nbytes: int) -> None:
+        c = self.carried.setdefault(connection, [0, 0])
+        c[0] += 1
+        c[1] += nbytes
 
     def decide(self, action: str, **detail: Any) -> None:
         self.decisions.append({"t_ms": round(self.elapsed_ms(), 2), "action": action, **detail})

@@ -140,6 +140,11 @@ class _Sessions:
         self.access = access
         self.open: dict[str, MoqtSession] = {}
         self.extra: dict[str, list[MoqtSession]] = {}  # --connections beyond the first
+        # every connection made, in order, numbered per relay for the report ("url#n"); held
+        # to the end so that a number (keyed by id) never passes to a later session
+        self.made: list[MoqtSession] = []
+        self._numbers: dict[int, str] = {}
+        self._count: dict[str, int] = {}
         self.failed: dict[str, str] = {}
         # relays that refused this command's requests as UNAUTHORIZED (url -> reason)
         self.denied: dict[str, str] = {}
@@ -153,7 +158,7 @@ class _Sessions:
         if url in self.failed:
             return None
         try:
-            s = self.open[url] = await connect(url, self.access)
+            s = self.open[url] = await self._connect(url)
         except PeerError as e:
             self.failed[url] = str(e)
             return None
@@ -165,17 +170,26 @@ class _Sessions:
         extra = [s for s in self.extra.get(url, []) if not s.closed]
         while len(extra) < n - 1:
             try:
-                extra.append(await connect(url, self.access))
+                extra.append(await self._connect(url))
             except PeerError:
                 break
         self.extra[url] = extra
         return [session, *extra]
 
+    async def _connect(self, url: str) -> MoqtSession:
+        s = await connect(url, self.access)
+        n = self._count[url] = self._count.get(url, -1) + 1
+        self._numbers[id(s)] = f"{url}#{n}"
+        self.made.append(s)
+        return s
+
+    def label(self, s: MoqtSession) -> str:
+        return self._numbers.get(id(s), "?")
+
     async def close(self) -> None:
         # drain=0: a consumer has nothing in flight worth waiting for (its requests are
         # answered or abandoned), and the wait for the last ACKs delays the caller's output.
-        sessions = [*self.open.values(), *(x for ss in self.extra.values() for x in ss)]
-        await asyncio.gather(*(asyncio.wait_for(s.aclose(drain=0), 5.0) for s in sessions),
+        await asyncio.gather(*(asyncio.wait_for(s.aclose(drain=0), 5.0) for s in self.made),
                              return_exceptions=True)
 
 
@@ -370,12 +384,14 @@ async def _fetch_held(opts: RetrieveOptions, state: RetrievalState, sessions: _S
     with --require-cose, then follow the manifest (bounded) until it lists what came."""
     if state.manifest is None or not state.manifest_final:
         await fetch_manifest(session, state)
-    fetching = [session] if opts.connections <= 1 else \
-        await sessions.fetching(url, session, opts.connections)
+    # no more connections than slices: a retry of two layers needs two, not --connections
+    n = min(opts.connections, len(layers) if layers else state.descriptor.layers)
+    fetching = [session] if n <= 1 else await sessions.fetching(url, session, n)
     # when the layers' FETCHes go out: what follows is the transfer (the report's times
     # before it are connecting, discovery and the manifest)
     state.decide("fetch-layers", relay=url, connections=len(fetching))
-    await retrieve_completed(fetching, url, state, layers)
+    await retrieve_completed(fetching, url, state, layers,
+                             [sessions.label(s) for s in fetching])
     if listing and state.unverified_layers() and not state.manifest_final:
         left = state.remaining()
         await await_listing(session, url, state,

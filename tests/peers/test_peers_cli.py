@@ -75,7 +75,8 @@ async def test_publish_subscribe_fetch_end_to_end(relay_url: tuple[str, Path],
     after = await _run(*_consumer("subscribe", url, ca, inputs, tmp_path / "after.kv",
                                   "--namespace", namespace))
     fetched = await _run(*_consumer("fetch", url, ca, inputs, tmp_path / "fetched.kv",
-                                    "--namespace", namespace, "--codec", "zstd", "--joint"))
+                                    "--namespace", namespace, "--codec", "zstd", "--joint",
+                                    "--connections", "2"))
     ref = read_kvfile(published)
     for name, (code, _, err) in {"early": await early, "during": await during,
                                  "after": after, "fetched": fetched}.items():
@@ -92,6 +93,10 @@ async def test_publish_subscribe_fetch_end_to_end(relay_url: tuple[str, Path],
             assert report["objects_duplicate"] == 0, report["decisions"]
         assert all(x["usable_ms"] is not None for x in report["layers"])
         assert report["quic_backend"] == "qh3"  # the receiving commands' default
+        if name == "fetched":  # --connections 2: layer 0 on connection #0, 1-2 on #1
+            carried = {c["connection"].rsplit("#", 1)[1]: c["objects"]
+                       for c in report["connections"]}
+            assert carried == {"0": 5, "1": 10}, report["connections"]
 
     # a different scope finds nothing: exit 3, one line, no traceback
     code, _, err = await _run(*_consumer("fetch", url, ca, inputs, tmp_path / "x.kv",

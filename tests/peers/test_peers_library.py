@@ -264,6 +264,44 @@ async def test_connections_split_the_layers_over_several_quic_connections(relay:
     assert res.report["objects_duplicate"] == 0 and res.report["objects_discarded"] == 0
     assert sum(counters.sessions_accepted.values()) - sessions == 3
     assert counters.ok("FETCH") - fetches >= 2 * 3  # k and v, three slices
+    # every connection carried its slice (layers 0, 1, 2-3), and together all of the cache
+    carried = {c["connection"]: c["objects"] for c in res.report["connections"]}
+    url = relay.url
+    assert carried == {f"{url}#0": 2 * 4, f"{url}#1": 2 * 4, f"{url}#2": 2 * 2 * 4}, carried
+    assert sum(c["bytes"] for c in res.report["connections"]) == res.report["bytes"]
+
+
+async def test_a_connection_that_fails_loses_nothing(relay: Any, monkeypatch: Any) -> None:
+    """`--connections 3` and the third connection fails as its FETCHes go out (closed
+    under them: failure injection): its slice's FETCHes fail, recovery FETCHes those layers
+    again over a new connection, and the cache is complete, bit for bit, with one retry."""
+    from relay.peers import completed
+
+    c = cache(blocks=4)
+    p = plan(c)
+    await _publish((relay,), p)
+    real = completed.fetch_track
+    killed: list[str] = []
+
+    async def dying(session: Any, url: str, state: Any, target: Any, track: str, first: int,
+                    last: int, connection: str | None = None) -> None:
+        if connection == f"{url}#2":
+            killed.append(connection)
+            session.close(0x1, "failure injected")  # INTERNAL_ERROR
+        await real(session, url, state, target, track, first, last, connection)
+
+    monkeypatch.setattr(completed, "fetch_track", dying)
+    res = await _retrieve(_opts((relay,), c, publications=[(p.namespace, None)],
+                                connections=3))
+    assert killed
+    assert res.exit_code == EXIT_OK, res.report["decisions"]
+    assert _bytes(res.k) == _bytes(c.k) and _bytes(res.v) == _bytes(c.v)
+    assert res.report["retries"] == 1
+    assert any(d["action"] == "fetch-failed" for d in res.report["decisions"])
+    # the dead connection carried nothing; the others took its layers over, once each
+    carried = {c["connection"]: c["objects"] for c in res.report["connections"]}
+    assert f"{relay.url}#2" not in carried and sum(carried.values()) == 2 * 4 * 4, carried
+    assert res.report["objects_duplicate"] == 0
 
 
 def test_a_retrievals_repr_leaves_its_arrays_and_report_out() -> None:

@@ -170,21 +170,24 @@ class Forwarder:
         self.scheduler.push((down.subscriber_priority, prio, h.group_id, sub, _END),
                             self._emit, (stream_key, None, fin), down)
 
-    def announce_group_end(self, group: int, subgroup: int, priority: int) -> None:
+    def announce_group_end(self, group: int, subgroup: int, priority: int, *,
+                           first_object: bool = False) -> None:
         """Tell the subscriber on the live path that ``group`` has ended, with an empty
         subgroup stream flagged END_OF_GROUP and FINed (§11.2, §11.5): no Object of it is
         sent, so nothing below the subscription's start is. For a Group a fill delivered
         whose End of Group Object is L itself: the fill stream cannot carry that status
         (§11.4) and the live part starts after it, so the subscriber would otherwise learn
-        of the Group's end only from PUBLISH_DONE (moq-rs 0.5.1 keeps the Group open)."""
+        of the Group's end only from PUBLISH_DONE (moq-rs 0.5.1 keeps the Group open).
+        Also a Group its publisher ended without any Object: ``first_object``, as the
+        stream that said so set it (§11.2: the stream begins the Subgroup)."""
         if self.closed:
             return
         self.pending += 1
         self.scheduler.push((self.subscriber_priority, priority, group, subgroup, _END),
-                            self._emit_group_end, (group, subgroup, priority))
+                            self._emit_group_end, (group, subgroup, priority, first_object))
 
-    async def _emit_group_end(self, item: tuple[int, int, int]) -> None:
-        group, subgroup, priority = item
+    async def _emit_group_end(self, item: tuple[int, int, int, bool]) -> None:
+        group, subgroup, priority, first_object = item
         self.pending -= 1
         try:
             if self.served is None:
@@ -193,7 +196,7 @@ class Forwarder:
             if self.closed or not self.served.forward:
                 return
             w = await self.served.open_subgroup(group, subgroup, priority,
-                                                first_object=False, end_of_group=True)
+                                                first_object=first_object, end_of_group=True)
             await w.finish()
         except (LinkError, RequestCancelled):
             pass

@@ -266,23 +266,30 @@ class RelayTrack:
 
     def _group_ends_before_start(self, sub: Subscription, header: Any) -> None:
         """An empty subgroup stream flagged END_OF_GROUP and FINed: no Object of its Group
-        lies at or after the subscription's start (§11.2, §11.5). An upstream relay sends it
-        when its fill for us ended at an End of Group (Forwarder.announce_group_end), which
-        the fill stream cannot carry (§11.4). Cached as the End of Group Object it implies,
-        at the start (§14.1, as ``_group_ends_after``), and passed on to the subscribers
-        that joined at the same point, so the Group ends for them too down a tree."""
+        lies at or after the point the stream starts (§11.2, §11.5): the subscription's
+        start in the Group it starts in, Object 0 in any later Group. Two senders: an
+        upstream relay whose fill for us ended at an End of Group
+        (Forwarder.announce_group_end), which the fill stream cannot carry (§11.4); and a
+        publisher's Group with no Object at all (moq-rs: a Group finished with no frame).
+        Cached as the End of Group Object it implies (§14.1, as ``_group_ends_after``),
+        and passed on to the subscribers whose live part holds that point, so the Group
+        ends (or exists, empty) for them too, down a tree."""
         start = resolve_subscription_range(sub.params.location_filter, sub.largest).start
         g = header.group_id
-        if sub.largest is None or start.group != g or start.object >= OBJECT_MAX:
+        if g < start.group or (g == start.group and start.object >= OBJECT_MAX):
             return
+        at = Location(g, start.object if g == start.group else 0)
         subgroup = header.subgroup_id or 0
         prio = header.publisher_priority if header.publisher_priority is not None \
             else DEFAULT_PUBLISHER_PRIORITY
-        if not self._cache_group_end(g, subgroup, start.object, prio):
+        if not self._cache_group_end(g, subgroup, at.object, prio):
             return  # known already: told to whoever joined since (_group_end_after_fill)
+        # a Group that had no Object at all stays a Group begun on the stream, FIRST_OBJECT
+        # as its publisher set it (moq-rs makes no Group of a stream without it)
+        whole = at.object == 0 and bool(header.first_object)
         for f in list(self.forwarders):
-            if f.start.group == g and f.start >= start:
-                f.announce_group_end(g, subgroup, prio)
+            if (f.start.group == g and f.start >= at) if g == start.group else f.start <= at:
+                f.announce_group_end(g, subgroup, prio, first_object=whole)
 
     def _cache_group_end(self, g: int, subgroup: int, end: int, priority: int) -> bool:
         """Cache an End of Group at {g, end} learned from a stream's END_OF_GROUP + FIN,

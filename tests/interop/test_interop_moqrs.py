@@ -39,6 +39,7 @@ from relay_helpers import (
     TIMEOUT,
     client,
     drain,
+    fetch_objects,
     group_payloads,
     live_params,
     push_track,
@@ -163,6 +164,51 @@ async def test_moqrs_publisher_to_moqrs_and_kvcs_subscribers_bit_identical(
     assert got.done is not None and got.done.status == 0x2  # TRACK_ENDED
     assert again == []
     assert mgot == sent
+
+
+@pytest.mark.parametrize("join", ["before", "after_first_group"])
+async def test_a_moqrs_group_with_no_frame_reaches_every_subscriber(
+        tmp_path: Path, join: str) -> None:
+    """A moq-rs Group finished without a frame is a subgroup stream with END_OF_GROUP, FIN
+    and no Object. The relay passes it on as a stream that begins its Subgroup (FIRST_OBJECT,
+    as received: moq-rs makes no Group of a stream without it) and caches the empty Group's
+    end; before, it was dropped unless it was the Group the subscription started in, and a
+    moq-rs subscriber waiting for every Group never completed (issue 36). Frames of 0 B to
+    200 kB around it, the subscriber joining before anything is published or after the
+    first Group."""
+    sizes = (0, 1, 1000, 50_000, 200_000)
+    sent = {g: [] if g == 2 else [os.urandom(sizes[(g + i) % 5]) for i in range(5)]
+            for g in range(5)}
+    name = FullTrackName((b"iop", b"empty"), b"t0")
+    r = await relay_at(tmp_path)
+    try:
+        async with moq_client(r) as mpub, moq_client(r) as msub:
+            bcast = mpub.create_broadcast("iop/empty")
+            track = bcast.publish_track("t0")
+            bcast.announce()
+            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/empty"), TIMEOUT)
+            first = 0 if join == "before" else 1
+            if first:  # the relay learns Group 0 with the fill of its first SUBSCRIBE
+                moq_group(track, sent[0])
+            tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
+            for g in range(first, 5):
+                moq_group(track, sent[g])
+            track.finish()
+            async with asyncio.timeout(TIMEOUT):
+                mgot, again = await moq_groups(tc)
+            assert await r.relay.wait_committed(name, TIMEOUT)
+    finally:
+        await r.close()
+    assert again == []
+    assert mgot == sent
+    r = await relay_at(tmp_path)  # the empty Group's end was cached and committed
+    try:
+        c = await client(r)
+        _resp, got = await fetch_objects(c, name)
+        assert by_group(got) == {g: f for g, f in sent.items() if f}
+        assert r.relay.tracks[name].store.group_end(r.relay.tracks[name].key, 2) == 0
+    finally:
+        await r.close()
 
 
 async def test_moqrs_frame_timestamps_survive_the_relay(tmp_path: Path) -> None:

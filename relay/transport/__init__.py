@@ -20,8 +20,10 @@ Who owns what (each module's docstring says more)::
     endpoint.py            Endpoint: drives the library's sans-IO QuicConnection (datagrams
                            in, events, datagrams out, one timer), routes stream events to
                            the owning session, keepalive, transmit retries
-    webtransport.py        WebTransport: extended CONNECT, capsules, session close and
-                           linger, datagram framing, the WT error-code range (ALPN h3)
+    webtransport.py        WebTransport: extended CONNECT, session close and linger,
+                           datagram framing (ALPN h3)
+    h3wire.py              its wire formats, pure: the WT error-code range, varints, the
+                           close capsule, the WT-Protocol headers' structured fields
     connection.py          Connection (the application's session) over its StreamTable
                            (the session's streams, incoming queue, datagrams)
     streams.py             SendStream / RecvStream: backpressure, reads, resets
@@ -66,10 +68,10 @@ from .errors import (
     StreamStopped,
     TransportError,
 )
+from .h3wire import app_to_wt_error, wt_to_app_error
 from .server import Server, serve
 from .streams import IncomingStream, RecvStream, SendStream
 from .tls import CertificatePaths, ensure_self_signed, fingerprint
-from .webtransport import app_to_wt_error, wt_to_app_error
 
 __all__ = [
     "H3_ALPN",

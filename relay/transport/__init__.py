@@ -17,9 +17,11 @@ Who owns what (each module's docstring says more)::
 
     client.py, server.py   dial / listen: sockets, TLS configuration, one Endpoint per
                            QUIC connection; the server hands each session to its handler
-    endpoint.py            Endpoint: drives the library's sans-IO QuicConnection (datagrams
-                           in, events, datagrams out, one timer), routes stream events to
-                           the owning session, keepalive, transmit retries
+    endpoint.py            Endpoint: one QUIC connection; routes the library's events to
+                           the owning session and stream, ALPN, handshake, keepalive, close
+    driver.py              its I/O half, QuicDriver: drives the library's sans-IO
+                           QuicConnection (datagrams in, events, datagrams out, one timer,
+                           transmit retries)
     webtransport.py        WebTransport: extended CONNECT, session close and linger,
                            datagram framing (ALPN h3)
     h3wire.py              its wire formats, pure: the WT error-code range, varints, the

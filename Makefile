@@ -6,8 +6,9 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install bytecode test lint run demo bench clean mutate prometheus
 
-# The relay's listen address and data directory for `make run` (override on the command line).
-LISTEN   ?= 127.0.0.1:4433
+# The relay's listen address and data directory for `make run` (override on the command line;
+# no LISTEN: the relay's own default, 127.0.0.1:4433, relay/options.py).
+LISTEN   ?=
 DATA_DIR ?= data
 
 # requirements-engine.txt goes in the same pip run as the extras: torch is then PyTorch's exact
@@ -54,7 +55,7 @@ test: $(STAMP) prometheus lint bytecode
 	$(BIN)/python -m pytest -q
 
 run: $(STAMP) bytecode
-	$(BIN)/kvcs relay --listen $(LISTEN) --data-dir $(DATA_DIR)
+	$(BIN)/kvcs relay $(if $(LISTEN),--listen $(LISTEN) )--data-dir $(DATA_DIR)
 
 # A relay, a synthetic KV cache published through it and fetched back, a short summary.
 demo: $(STAMP) bytecode

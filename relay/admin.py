@@ -189,8 +189,8 @@ class AdminApi:
         done = []
         for ns in namespaces:
             had = ns in relay.namespaces
-            for e in relay.namespaces.publishers_for(ns):
-                if e.namespace == ns and e.source in relay.siblings:
+            for e in relay.namespaces.sources_of(ns):
+                if e.source in relay.siblings:
                     relay.namespaces.remove_publisher(e)
                     removed += 1
             if had and ns not in relay.namespaces:

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "KVCS_RELAY_"
+# The UDP port of raw QUIC and WebTransport when none is given (RelayConfig, `listen`).
+DEFAULT_PORT = 4433
 
 
 class Role(Enum):
@@ -82,9 +84,12 @@ class RelayOptions:
         see='[relay.md, "Rendezvous"](relay.md#rendezvous)',
         help="Longest a SUBSCRIBE for a Track nobody publishes is held for a publisher: its "
              "RENDEZVOUS_TIMEOUT, capped by this. 0: answered at once.")
-    # How long a range the cache lacks waits for Objects in flight on the upstream
-    # subscription before it is fetched (seconds).
-    in_flight_wait: float = 1.0
+    in_flight_wait: float = setting(
+        1.0, kind="positive_float", unit="seconds",
+        see='[relay.md, "Fills and FETCH from cache"](relay.md#fills-and-fetch-from-cache)',
+        help="Seconds a fill or FETCH waits for a range of a live Track the cache lacks, at or "
+             "below its Largest Object, to arrive on the upstream subscription before it "
+             "FETCHes it upstream (within the request's own fill timeout).")
     max_sessions: int = setting(
         0, kind="int",
         help="Sessions served at once; more are refused before SETUP and counted. 0: no bound.")
@@ -97,7 +102,7 @@ class RelayOptions:
 @dataclass
 class RelayConfig:
     listen_host: str = "127.0.0.1"
-    listen_port: int = 4433
+    listen_port: int = DEFAULT_PORT
     data_dir: Path = setting(
         Path("data"), kind="path",
         help="Directory of the LMDB store and of the self-signed certificate.")
@@ -214,7 +219,7 @@ class LaunchOptions:
     listen address, files holding secrets, quotas) and settings of the process."""
 
     listen: tuple[str, int] = setting(
-        ("127.0.0.1", 4433), kind="hostport",
+        ("127.0.0.1", DEFAULT_PORT), kind="hostport",
         help="UDP HOST:PORT for raw QUIC (moqt-22) and WebTransport.")
     # the relay's choice made explicit; RelayConfig's None means the process default
     quic_backend: str = setting(

@@ -7,7 +7,8 @@ through the environment), and then:
 
 * serves ``/metrics`` (every worker's, summed by name and labels; ``kvcs_relay_workers_up``
   counts the workers answering), ``/healthz`` (every worker alive) and ``/readyz`` (every
-  worker ready) on the configured metrics listener; ``/workers`` lists them (JSON);
+  worker ready) on the configured metrics listener; ``/workers`` lists them (JSON); that
+  listener is relay/workers_front.py;
 * restarts a worker that dies (its siblings and their sessions go on; what it had committed
   to LMDB is there for the new one);
 * on SIGTERM/SIGINT passes the signal on (each worker drains: GOAWAY, fills, FETCHes,
@@ -44,23 +45,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relay.admin import PREFIX as ADMIN_PREFIX
-from relay.admin import SIBLING_ROUTES, AdminAuth
 from relay.core.loops import new_relay_id
 from relay.core.siblings import read_worker_files
-from relay.http import Answer, Listener, read_body, request, text
-from relay.logs import reason_of
-from relay.merge import merge_admin_purge, merge_admin_state, merge_metrics
-from relay.metrics import admin_unauthorized_metric
 from relay.options import RelayConfig
 from relay.transport import ensure_self_signed
 from relay.transport.burst import make_socket
+from relay.workers_front import Front
 
 log = logging.getLogger("kvcs.relay")
 
 RESTART_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)  # seconds before restarts in a row
-_SCRAPE_TIMEOUT = 3.0
-_ADMIN_TIMEOUT = 30.0  # a worker's purge may wait for its LMDB writer
 _READY_AGAIN_TIMEOUT = 60.0  # a restarted worker not ready by then is left to its own exit
 _READY_POLL = 0.05  # the ready file is written by the worker: no event to wait for
 
@@ -162,12 +156,8 @@ class Supervisor:
         self.sockets: list[socket.socket] = []
         self.workers = [_Worker(i) for i in range(workers)]
         self.stopping = False
-        self._http: Listener | None = None
+        self._http: Front | None = None  # the one /metrics, /healthz, /readyz, /admin/
         self._tasks: set[asyncio.Future[None]] = set()
-        # /admin/ requests are refused here, before reaching any worker, when they lack the
-        # token; counted into kvcs_relay_admin_unauthorized_total with the workers' own
-        self._auth = AdminAuth(config.admin_token) if config.admin_token else None
-        self.admin_unauthorized = 0
 
     # -- workers ----------------------------------------------------------------------------
 
@@ -221,7 +211,7 @@ class Supervisor:
             os.close(w.pipe)
             w.pipe = None
 
-    def _infos(self) -> dict[int, dict[str, Any]]:
+    def infos(self) -> dict[int, dict[str, Any]]:
         infos = read_worker_files(self.run_dir)
         alive = {w.index: w.proc.pid for w in self.workers
                  if w.proc is not None and w.proc.returncode is None}
@@ -230,7 +220,7 @@ class Supervisor:
     async def _wait_ready(self, timeout: float) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while len(self._infos()) < self.n:
+        while len(self.infos()) < self.n:
             if loop.time() > deadline or any(
                     w.proc is not None and w.proc.returncode is not None for w in self.workers):
                 return False
@@ -251,8 +241,7 @@ class Supervisor:
                 await self._stop_all()
                 return 1
             if self.config.metrics_listen is not None:
-                self._http = Listener(self._route, "supervisor's listener",
-                                      self._head_too_large)
+                self._http = Front(self, self.config.admin_token)
                 await self._http.start(*self.config.metrics_listen)
             self._write_ready_file()
             mhost, mport = self._metrics_address()
@@ -305,7 +294,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _READY_AGAIN_TIMEOUT
         while loop.time() < deadline:
-            if w.index in self._infos():
+            if w.index in self.infos():
                 w.failures_in_a_row = 0
                 self._write_ready_file()
                 log.info("worker %d ready again (pid %d)", w.index, w.proc.pid if w.proc else -1)
@@ -333,7 +322,7 @@ class Supervisor:
             return
         _, mport = self._metrics_address()
         info = {"port": self.port, "metrics_port": mport, "pid": os.getpid(),
-                "workers": self._workers_json()}
+                "workers": self.workers_json()}
         path = Path(self.config.ready_file)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(info))
@@ -344,128 +333,14 @@ class Supervisor:
             return "", None
         return self._http.address
 
-    def _workers_json(self) -> list[dict[str, Any]]:
-        infos = self._infos()
+    def workers_json(self) -> list[dict[str, Any]]:
+        infos = self.infos()
         return [{"index": w.index, "pid": w.proc.pid if w.proc else None,
                  "alive": w.proc is not None and w.proc.returncode is None,
                  "restarts": w.restarts,
                  "metrics_port": infos.get(w.index, {}).get("metrics_port")}
                 for w in self.workers]
 
-    # -- the one /metrics, /healthz, /readyz, /workers ----------------------------------------
-
-    async def _get(self, port: int, path: str) -> tuple[int, str]:
-        status, body = await request(port, "GET", path, timeout=_SCRAPE_TIMEOUT)
-        return status, body.decode("utf-8", "replace")
-
-    async def _scrape_all(self, path: str) -> list[tuple[int, str] | None]:
-        infos = self._infos()
-
-        async def one(w: _Worker) -> tuple[int, str] | None:
-            port = infos.get(w.index, {}).get("metrics_port")
-            if port is None:
-                return None
-            try:
-                return await self._get(int(port), path)
-            except (OSError, TimeoutError, ValueError, IndexError):
-                return None
-
-        return list(await asyncio.gather(*(one(w) for w in self.workers)))
-
-    async def metrics_text(self) -> str:
-        answers = await self._scrape_all("/metrics")
-        ok = [a[1] for a in answers if a is not None and a[0] == 200]
-        return merge_metrics(ok, [admin_unauthorized_metric(self.admin_unauthorized)],
-                             up=len(ok))
-
-    def _head_too_large(self, method: str, path: str) -> None:
-        if self._auth is not None and path.startswith(ADMIN_PREFIX):
-            self._refused(method, path, "request head too large")
-
-    def _refused(self, method: str, path: str, why: str) -> None:
-        self.admin_unauthorized += 1
-        log.warning("admin request refused: %s (%s %s)", why, method[:16], path[:64])
-
-    async def _route(self, method: str, path: str, headers: dict[str, str],
-                     reader: asyncio.StreamReader) -> Answer:
-        if path.startswith(ADMIN_PREFIX):
-            if self._auth is None:  # off: as if it did not exist, as on a single relay
-                return text(404, "not found")
-            # the token first, from the headers alone, as a single relay does
-            if not self._auth.authorized(headers):
-                self._refused(method, path, "missing or wrong token")
-                return text(401, "unauthorized")
-            return await self._admin(method, path, headers, await read_body(headers, reader))
-        if not path or method not in ("GET", "HEAD"):
-            return text(405, "method not allowed")
-        if path == "/metrics":
-            return 200, "text/plain; version=0.0.4; charset=utf-8", \
-                (await self.metrics_text()).encode()
-        if path in ("/healthz", "/readyz"):
-            answers = await self._scrape_all(path)
-            bad = [f"worker {i}: {'down' if a is None else a[1].strip()}"
-                   for i, a in enumerate(answers) if a is None or a[0] != 200]
-            if self.stopping:
-                bad.append("stopping")
-            if bad:
-                return text(503, "\n".join(bad))
-            # the same words as a single relay's listener (relay/metrics.py)
-            return text(200, "ok" if path == "/healthz" else "ready")
-        if path == "/workers":
-            return 200, "application/json", (json.dumps(self._workers_json()) + "\n").encode()
-        return text(404, "not found")
-
-    async def _admin(self, method: str, path: str, headers: dict[str, str], body: bytes
-                     ) -> Answer:
-        """One admin surface: the request goes to every worker (in index order, so a purge
-        reaches them all), and their answers are merged; any worker's refusal is the
-        answer (they share one configuration, so they refuse alike).
-
-        A purge is answered once every worker has purged *and* has forgotten its routes to
-        siblings for the namespaces the purge withdrew (``SIBLING_ROUTES``): only then does
-        a FETCH of a purged Track get DOES_NOT_EXIST on every worker."""
-        infos = self._infos()
-        if len(infos) < self.n:
-            return text(503, "a worker is restarting")
-        passed = {k: v for k, v in headers.items() if k in ("authorization", "content-type")}
-        answers = await self._on_every_worker(infos, method, path, passed, body)
-        if isinstance(answers, tuple):
-            return answers
-        if path == SIBLING_ROUTES:  # not ours to send, but harmless: merged as the others
-            merged = {"routes_removed": sum(a["routes_removed"] for a in answers),
-                      "namespaces_done": sorted({ns for a in answers
-                                                 for ns in a["namespaces_done"]})}
-        elif path.endswith("/state"):
-            merged = merge_admin_state(answers)
-        else:
-            merged = merge_admin_purge(answers)
-            if merged["namespaces_done"]:
-                routes = await self._on_every_worker(
-                    infos, "POST", SIBLING_ROUTES, passed,
-                    json.dumps({"namespaces": merged["namespaces_done"]}).encode())
-                if isinstance(routes, tuple):
-                    return routes
-        return 200, "application/json", (json.dumps(merged, indent=1) + "\n").encode()
-
-    async def _on_every_worker(self, infos: dict[int, dict[str, Any]], method: str,
-                               path: str, headers: dict[str, str], body: bytes
-                               ) -> list[dict[str, Any]] | Answer:
-        """Each worker's JSON answer, in index order; or the answer to give instead (the
-        first refusal, or 502 for a worker that did not answer)."""
-        answers = []
-        for i in sorted(infos):
-            try:
-                code, data = await request(int(infos[i]["metrics_port"]), method, path,
-                                           headers=headers, body=body,
-                                           timeout=_ADMIN_TIMEOUT)
-                if code != 200:
-                    return code, "text/plain; charset=utf-8", data
-                answers.append(json.loads(data))
-            except (OSError, TimeoutError, ValueError) as e:
-                log.warning("admin %s %s: worker %d did not answer: %s", method, path, i,
-                            reason_of(e))
-                return text(502, f"worker {i} did not answer")
-        return answers
 
 
 async def supervise(config: RelayConfig, workers: int, env: dict[str, str]) -> int:

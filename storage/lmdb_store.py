@@ -394,10 +394,6 @@ class LmdbStore:
                         out.append(decode_track_name(meta.name))
         return out
 
-    @property
-    def bytes_used(self) -> int:
-        return self._bytes
-
     def stats(self) -> dict[str, Any]:
         info = self._env.info()
         with self._reading() as txn:

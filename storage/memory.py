@@ -405,11 +405,6 @@ class MemoryStore:
         """Accounted bytes held, pinned Groups included."""
         return self._cache.currsize + self._parked_bytes
 
-    @property
-    def pinned_bytes(self) -> int:
-        """Bytes of pinned Groups that had to leave the LRU (held beyond the normal bound)."""
-        return self._parked_bytes
-
     def stats(self) -> dict[str, Any]:
         return {"bytes_used": self.bytes_used, "capacity": self.capacity,
                 "groups": len(self._cache) + len(self._parked), "tracks": len(self._tracks),

@@ -111,7 +111,8 @@ class Counters:
         self.requests[key] = self.requests.get(key, 0) + 1
 
     def ok(self, message_type: str) -> int:
-        """Requests of this type answered with success (SUBSCRIBE_OK, FETCH_OK, ...)."""
+        """Requests of this type answered with success (SUBSCRIBE_OK, FETCH_OK, ...).
+        Inspection (tests): /metrics exports it as ``requests_total{result="ok"}``."""
         return self.requests.get((message_type, None), 0)
 
     async def wait_idle(self) -> None:

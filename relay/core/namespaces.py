@@ -192,6 +192,7 @@ class NamespaceTable:
             del self._listening_at[listener.prefix]
 
     def listener_count(self) -> int:
+        """Inspection (tests): the listeners registered, which a session's end must free."""
         return sum(map(len, self._by_session.values()))
 
     def listeners_of(self, session: Any) -> list[NamespaceListener]:

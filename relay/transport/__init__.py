@@ -17,11 +17,15 @@ Who owns what (each module's docstring says more)::
 
     client.py, server.py   dial / listen: sockets, TLS configuration, one Endpoint per
                            QUIC connection; the server hands each session to its handler
-    endpoint.py            Endpoint: drives the library's sans-IO QuicConnection (datagrams
-                           in, events, datagrams out, one timer), routes stream events to
-                           the owning session, keepalive, transmit retries
-    webtransport.py        WebTransport: extended CONNECT, capsules, session close and
-                           linger, datagram framing, the WT error-code range (ALPN h3)
+    endpoint.py            Endpoint: one QUIC connection; routes the library's events to
+                           the owning session and stream, ALPN, handshake, keepalive, close
+    driver.py              its I/O half, QuicDriver: drives the library's sans-IO
+                           QuicConnection (datagrams in, events, datagrams out, one timer,
+                           transmit retries)
+    webtransport.py        WebTransport: extended CONNECT, session close and linger,
+                           datagram framing (ALPN h3)
+    h3wire.py              its wire formats, pure: the WT error-code range, varints, the
+                           close capsule, the WT-Protocol headers' structured fields
     connection.py          Connection (the application's session) over its StreamTable
                            (the session's streams, incoming queue, datagrams)
     streams.py             SendStream / RecvStream: backpressure, reads, resets
@@ -66,10 +70,10 @@ from .errors import (
     StreamStopped,
     TransportError,
 )
+from .h3wire import app_to_wt_error, wt_to_app_error
 from .server import Server, serve
 from .streams import IncomingStream, RecvStream, SendStream
 from .tls import CertificatePaths, ensure_self_signed, fingerprint
-from .webtransport import app_to_wt_error, wt_to_app_error
 
 __all__ = [
     "H3_ALPN",

@@ -44,8 +44,7 @@ PRIVATE_MEMBERS = {
                      "_local_max_data", "_local_max_streams_bidi", "_local_max_streams_uni",
                      "_remote_max_streams_bidi", "_remote_max_streams_uni",
                      "_remote_max_data_used", "_remote_max_datagram_frame_size",
-                     "_close_event", "_loss", "_on_max_stream_data_delivery",
-                     "_max_datagram_size", "_is_client", "_handshake_complete", "_cryptos",
+                     "_close_event", "_loss", "_on_max_stream_data_delivery", "_cryptos",
                      "_spaces", "_probe_pending"),
     QuicStreamSender: ("_buffer_stop", "_reset_error_code"),
     H3Connection: ("_stream",),
@@ -71,10 +70,11 @@ class ModelPacer(QuicPacketPacer):
     def __init__(self, cc: BbrCongestionControl, max_datagram_size: int) -> None:
         super().__init__(max_datagram_size=max_datagram_size)
         self._cc = cc
+        self._mss = max_datagram_size
 
     def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
         rate = self._cc.pacing_rate(smoothed_rtt)
-        mss = self._max_datagram_size
+        mss = self._mss
         if rate == float("inf"):
             self.packet_time = None  # no RTT yet: nothing to pace by
             return
@@ -92,7 +92,8 @@ def use_model_pacer(quic: QuicConnection) -> None:
     adopts the connection; benchmarks on plain aioquic call it themselves)."""
     loss = quic._loss
     if isinstance(loss._cc, BbrCongestionControl) and not isinstance(loss._pacer, ModelPacer):
-        loss._pacer = ModelPacer(loss._cc, quic._max_datagram_size)
+        # the connection's datagram size is its configuration's (aioquic never changes it)
+        loss._pacer = ModelPacer(loss._cc, quic.configuration.max_datagram_size)
 
 
 class CreditedQuicConnection(QuicConnection):
@@ -265,8 +266,8 @@ def _receive_many(quic: QuicConnection, datagrams: list[bytes], addr: Any, now: 
                   ) -> None:
     for data in datagrams:
         quic.receive_datagram(data, addr, now=now)
-    if not quic._handshake_complete and quic._is_client:
-        _nudge_handshake(quic)
+    if quic.configuration.is_client:
+        _nudge_handshake(quic)  # a no-op once the handshake is done (see there)
 
 
 def _nudge_handshake(quic: QuicConnection) -> None:
@@ -277,7 +278,9 @@ def _nudge_handshake(quic: QuicConnection) -> None:
     (its transmit fails, "packet builder capacity exhausted", however often it is retried):
     the client's probe timeout came first, three round trips late (the QUIC handshake took
     177 ms at 40 ms RTT, 48 ms between any other pair of backends). Any other server only
-    gets one small packet more."""
+    gets one small packet more. Once the client has a Handshake packet, or has discarded
+    its Handshake keys (the handshake is done), nothing happens here: asked after every
+    burst, it needs no flag of the library's to know the handshake is over."""
     if quic._spaces[Epoch.HANDSHAKE].largest_received_packet < 0 \
             and quic._cryptos[Epoch.HANDSHAKE].send.is_valid():
         quic._probe_pending = True

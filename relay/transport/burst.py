@@ -18,11 +18,12 @@ import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from .gso import SOL_UDP  # the UDP layer's socket option level, defined once
+
 MAX_BURST = 64
 CID_LENGTH = 8  # our connection IDs (both libraries' default connection_id_length)
 _MAX_DATAGRAM = 65536
 UDP_GRO = 104  # linux/udp.h; Python 3.11's socket module does not name it
-_SOL_UDP = getattr(socket, "SOL_UDP", 17)
 _GRO_CMSG = struct.Struct("@i")
 _CMSG_SPACE = socket.CMSG_SPACE(_GRO_CMSG.size) if hasattr(socket, "CMSG_SPACE") else 0
 # Socket buffers of every QUIC socket, each direction. The kernel's default (~208 KiB) holds
@@ -129,7 +130,7 @@ def install(loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: Any,
     gro = _CMSG_SPACE > 0
     if gro:
         try:
-            sock.setsockopt(_SOL_UDP, UDP_GRO, 1)
+            sock.setsockopt(SOL_UDP, UDP_GRO, 1)
         except OSError:
             gro = False
 
@@ -173,6 +174,6 @@ def install(loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: Any,
 
 def _segment_size(ancdata: list[tuple[int, int, bytes]]) -> int:
     for level, kind, value in ancdata:
-        if level == _SOL_UDP and kind == UDP_GRO and len(value) >= _GRO_CMSG.size:
+        if level == SOL_UDP and kind == UDP_GRO and len(value) >= _GRO_CMSG.size:
             return int(_GRO_CMSG.unpack_from(value)[0])
     return 0

@@ -13,8 +13,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from .errors import ConnectionClosed
+from .h3wire import app_to_wt_error, wt_to_app_error
 from .streams import IncomingStream, RecvStream, SendStream
-from .webtransport import app_to_wt_error, wt_to_app_error
 
 if TYPE_CHECKING:
     from .config import QuicSettings

@@ -21,9 +21,10 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .backend import QuicBackend, QuicView
-from .burst import BURST, ReaderControl
+from .burst import ReaderControl
 from .config import H3_ALPN, QuicSettings, application_of
 from .connection import Connection, StreamTable
+from .driver import QuicDriver
 from .errors import ConnectionClosed, ProtocolNegotiationError
 from .gso import DatagramSender
 from .port import StreamTablePort
@@ -36,50 +37,29 @@ log = logging.getLogger(__name__)
 
 # TLS alert no_application_protocol (120) as a QUIC CRYPTO_ERROR (0x100 + alert).
 _ALPN_ALERT = 0x100 + 120
-# Retrying a transmit the library failed to build: first delay, doubling up to the last.
-_RETRY_FIRST = 0.001
-_RETRY_MAX = 0.1
 
 
-class Endpoint(asyncio.DatagramProtocol):
+class Endpoint(QuicDriver):
     """The protocol for one QUIC connection (client or server side), on either backend.
 
     It drives the backend's sans-IO ``QuicConnection`` itself (datagrams in, events,
-    datagrams out, one timer), through the calls aioquic and qh3 share; a backend's
-    ``QuicServer`` creates it per connection and feeds it datagrams.
+    datagrams out, one timer: :class:`~relay.transport.driver.QuicDriver`), through the
+    calls aioquic and qh3 share; a backend's ``QuicServer`` creates it per connection and
+    feeds it datagrams. This class routes what the library reports to sessions and streams.
     """
 
     def __init__(self, quic: Any, stream_handler: Any = None, *, backend: QuicBackend,
                  settings: QuicSettings, server: Server | None = None,
                  path: str = "", authority: str = "") -> None:
-        self._loop = asyncio.get_running_loop()
-        self._quic = quic
-        self._b = backend
-        # the burst reader hands this endpoint GRO reads uncut (gro_received)
-        self.takes_gro = backend.receive_gro is not None
-        self._ev = backend.events
+        super().__init__(quic, backend)
         self._view: QuicView = backend.view(quic, settings)
-        self._transport: asyncio.DatagramTransport | None = None
-        self._sender: DatagramSender | None = None  # set by client/server: GSO batching
         # a client's own socket reader (client.py): paused while the application lets
         # more pile up unread than the receive windows allow, on a backend whose credit
         # does not follow reads (qh3); None on a server's shared socket
         self._reader: ReaderControl | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._transmit_task: asyncio.Handle | None = None
-        self._retry: asyncio.TimerHandle | None = None  # after a failed transmit
-        self._retry_delay = _RETRY_FIRST
         self._keepalive_timer: asyncio.TimerHandle | None = None
-        # set by the backend's QuicServer (both libraries use these names)
-        self._connection_id_issued_handler: Any = lambda cid: None
-        self._connection_id_retired_handler: Any = lambda cid: None
-        self._connection_terminated_handler: Any = lambda: None
         self._settings = settings
         self._server = server
-        self._burst_dirty = False
-        self._pending: list[bytes] = []  # datagrams of the current burst, not yet fed
-        self._pending_addr: Any = None
         self._is_client = quic.configuration.is_client
         self._local_bit = 0 if self._is_client else 1
         self._path = path
@@ -177,10 +157,6 @@ class Endpoint(asyncio.DatagramProtocol):
             assert self._wt is not None
             self._wt.close(table.session_id, code, reason)
         self.transmit()
-
-    def transmit_soon(self) -> None:
-        if self._transmit_task is None:
-            self._transmit_task = self._loop.call_soon(self.transmit)
 
     def next_transmit(self) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self._loop.create_future()
@@ -364,74 +340,6 @@ class Endpoint(asyncio.DatagramProtocol):
         if self._wt is not None:
             self._wt.quic_closed()
 
-    # -- I/O: datagrams in, events, datagrams out, one timer -----------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-
-    def connect(self, addr: Any) -> None:
-        self._quic.connect(addr, now=self._loop.time())
-        self.transmit()
-
-    def close(self) -> None:
-        """Close the QUIC connection (the backend's QuicServer calls this on shutdown)."""
-        self._quic.close()
-        self.transmit()
-
-    def datagram_received(self, data: bytes | str, addr: Any) -> None:
-        if BURST.active:
-            # Part of a burst (see burst.py): handed to QUIC in one call and processed
-            # once, at its end (a native core decrypts the whole batch in one go).
-            if self._pending and addr != self._pending_addr:
-                self._receive_pending()
-            self._pending.append(data)  # type: ignore[arg-type]
-            self._pending_addr = addr
-            self._flush_after_burst()
-            return
-        self._quic.receive_datagram(data, addr, now=self._loop.time())
-        self.burst_flush()
-
-    def gro_received(self, buffer: bytes, segment: int, addr: Any) -> None:
-        """One GRO read of this connection's datagrams (burst.py), for a backend whose
-        library cuts it itself (``takes_gro``); processed like any datagram of a burst."""
-        assert self._b.receive_gro is not None
-        if self._pending:
-            self._receive_pending()  # in the order they came
-        self._b.receive_gro(self._quic, buffer, segment, addr, self._loop.time())
-        self._flush_after_burst()
-
-    def _flush_after_burst(self) -> None:
-        """Events and transmissions once, when the burst reader's burst ends."""
-        if not self._burst_dirty:
-            self._burst_dirty = True
-            BURST.dirty.append(self)
-
-    def _receive_pending(self) -> None:
-        pending, self._pending = self._pending, []
-        self._b.receive_many(self._quic, pending, self._pending_addr, self._loop.time())
-
-    def burst_flush(self) -> None:
-        self._burst_dirty = False
-        if self._pending:
-            self._receive_pending()
-        self._process_events()
-        self.transmit()
-        self._check_peer_close()
-
-    def _process_events(self) -> None:
-        quic, e = self._quic, self._ev
-        event = quic.next_event()
-        while event is not None:
-            t = type(event)
-            if t is e.ConnectionIdIssued:
-                self._connection_id_issued_handler(event.connection_id)
-            elif t is e.ConnectionIdRetired:
-                self._connection_id_retired_handler(event.connection_id)
-            elif t is e.ConnectionTerminated:
-                self._connection_terminated_handler()
-            self.quic_event_received(event)
-            event = quic.next_event()
-
     def _check_peer_close(self) -> None:
         # Libraries report a peer's CONNECTION_CLOSE only after the draining period
         # (3 PTO); surface the peer's code and reason now.
@@ -439,38 +347,7 @@ class Endpoint(asyncio.DatagramProtocol):
         if close is not None and not self._quic_closed:
             self._on_quic_closed(close)
 
-    def _handle_timer(self) -> None:
-        now = max(self._timer_at or 0.0, self._loop.time())
-        self._timer = None
-        self._timer_at = None
-        self._quic.handle_timer(now=now)
-        self._process_events()
-        self.transmit()
-        self._check_peer_close()
-
-    def transmit(self) -> None:
-        self._transmit_task = None
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            datagrams, error = self._b.poll_datagrams(self._quic, self._loop.time())
-            if error is not None:
-                self._transmit_failed(error)
-            elif self._retry is not None:
-                self._retry.cancel()
-                self._retry = None
-                self._retry_delay = _RETRY_FIRST
-            if self._sender is not None:
-                self._sender.send(datagrams)
-            else:
-                for data, addr in datagrams:
-                    transport.sendto(data, addr)
-        timer_at = self._quic.get_timer()
-        if self._timer is not None and self._timer_at != timer_at:
-            self._timer.cancel()
-            self._timer = None
-        if self._timer is None and timer_at is not None:
-            self._timer = self._loop.call_at(timer_at, self._handle_timer)
-        self._timer_at = timer_at
+    def _after_transmit(self) -> None:
         # Everything that unblocks writers (ACKs, MAX_STREAM_DATA, MAX_STREAMS) is
         # processed right before a transmit, and transmit moves queued bytes to the wire.
         if self._credit_waiters:
@@ -479,25 +356,6 @@ class Endpoint(asyncio.DatagramProtocol):
             self._raw.streams.wake_writers()
         elif self._wt is not None:
             self._wt.wake_writers()
-
-    def _transmit_failed(self, error: Exception) -> None:
-        """The library could not build everything it had to send (qh3: "packet builder
-        capacity exhausted"); what it built before was sent. Often nothing changes until
-        the peer sends again (a server's anti-amplification budget after a lost first
-        Initial), and every datagram received transmits again anyway; the one retry kept
-        here, backing off to ``_RETRY_MAX``, covers a sender the peer has nothing to say to.
-        A fixed 1 ms retry per failure spun thousands of times a second."""
-        if self._retry is not None:
-            log.debug("%s: transmit failed (%s); a retry is due", self._b.name, error)
-            return
-        log.debug("%s: transmit failed (%s); retrying in %.0f ms", self._b.name, error,
-                  self._retry_delay * 1000)
-        self._retry = self._loop.call_later(self._retry_delay, self._retry_transmit)
-        self._retry_delay = min(self._retry_delay * 2, _RETRY_MAX)
-
-    def _retry_transmit(self) -> None:
-        self._retry = None
-        self.transmit()
 
     # -- WebTransportHost: what WebTransport (webtransport.py) calls --------------------
 

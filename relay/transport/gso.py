@@ -19,7 +19,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-SOL_UDP = getattr(socket, "SOL_UDP", 17)
+SOL_UDP = getattr(socket, "SOL_UDP", 17)  # IPPROTO_UDP; burst.py sets UDP_GRO at it too
 UDP_SEGMENT = 103  # linux/udp.h; Python 3.11's socket module does not name it
 MAX_SEGMENTS = 64  # the kernel's UDP_MAX_SEGMENTS
 MAX_PAYLOAD = 65000  # one UDP datagram's worth, below 65507

@@ -2,7 +2,7 @@
 
 ::
 
-    Endpoint (endpoint.py: one QUIC connection, drives the library)
+    Endpoint (endpoint.py, driver.py: one QUIC connection, drives the library)
        ^  EndpointPort: open/send/reset/stop a stream, datagrams, close, transmit soon, view
        |
     StreamTable (connection.py: one session's streams; Connection is its public face)

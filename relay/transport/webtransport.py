@@ -5,7 +5,8 @@ top is ours: the extended CONNECT and its version negotiation headers, capsules 
 CONNECT stream, closing and lingering, the stream error-code mapping, datagram framing.
 :class:`WebTransport` runs it for one QUIC connection whose ALPN is ``h3``; the endpoint
 hands it what HTTP/3 must see and it asks the endpoint for the rest through
-:class:`WebTransportHost`. The functions below it are pure.
+:class:`WebTransportHost`. The wire formats it speaks (error codes, capsules, structured
+fields) are the pure functions of ``h3wire.py``.
 """
 
 from __future__ import annotations
@@ -18,25 +19,27 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .config import QuicSettings, application_of
 from .errors import ConnectionClosed, ProtocolNegotiationError, TransportError
+from .h3wire import (
+    CAPSULE_CLOSE_WEBTRANSPORT_SESSION,
+    H3_NO_ERROR,
+    HDR_AVAILABLE_PROTOCOLS,
+    HDR_PROTOCOL,
+    WT_SESSION_GONE,
+    CapsuleParser,
+    decode_close_capsule,
+    encode_close_capsule,
+    encode_uint_var,
+    parse_sf_item,
+    pull_uint_var,
+    select_protocol,
+    sf_string,
+)
 
 if TYPE_CHECKING:
     from .backend import QuicBackend, QuicView
     from .connection import Connection, StreamTable
 
 log = logging.getLogger(__name__)
-
-# draft-ietf-webtrans-http3: application error codes live in a reserved HTTP/3 range,
-# skipping the GREASE code points (one every 0x1f).
-WT_APP_ERROR_FIRST = 0x52E4A40FA8DB
-WT_APP_ERROR_LAST = 0x52E5AC983162
-WT_SESSION_GONE = 0x170D7B68
-H3_NO_ERROR = 0x100
-
-CAPSULE_CLOSE_WEBTRANSPORT_SESSION = 0x2843
-MAX_CLOSE_REASON = 1024  # bytes; the draft's limit on the capsule's message
-
-HDR_AVAILABLE_PROTOCOLS = b"wt-available-protocols"
-HDR_PROTOCOL = b"wt-protocol"
 
 # How long an endpoint whose last WebTransport session ended waits for the peer to
 # finish the CONNECT stream before closing the QUIC connection underneath.
@@ -324,136 +327,3 @@ class WebTransport:
     def _respond(self, sid: int, status: bytes) -> None:
         self.h3.send_headers(sid, [(b":status", status)], end_stream=True)
         self._host.transmit()
-
-
-def app_to_wt_error(code: int) -> int:
-    """Map a 32-bit application (MOQT) stream error code into the WT HTTP/3 range."""
-    if not 0 <= code <= 0xFFFFFFFF:
-        raise ValueError(f"WebTransport stream error codes are 32-bit, got {code:#x}")
-    return WT_APP_ERROR_FIRST + code + code // 0x1E
-
-
-def wt_to_app_error(code: int) -> int | None:
-    """Inverse of :func:`app_to_wt_error`; None for codes outside the WT range/GREASE."""
-    if not WT_APP_ERROR_FIRST <= code <= WT_APP_ERROR_LAST or (code - 0x21) % 0x1F == 0:
-        return None
-    shifted = code - WT_APP_ERROR_FIRST
-    return shifted - shifted // 0x1F
-
-
-def encode_uint_var(value: int) -> bytes:
-    """A QUIC variable-length integer (RFC 9000 16)."""
-    if value < 0x40:
-        return bytes([value])
-    if value < 0x4000:
-        return (value | 0x4000).to_bytes(2, "big")
-    if value < 0x40000000:
-        return (value | 0x80000000).to_bytes(4, "big")
-    if value < 0x4000000000000000:
-        return (value | 0xC000000000000000).to_bytes(8, "big")
-    raise ValueError(f"{value} does not fit a QUIC varint")
-
-
-def pull_uint_var(data: bytes, pos: int) -> tuple[int, int] | None:
-    """(value, next position) of the varint at ``pos``, or None if ``data`` ends first."""
-    if pos >= len(data):
-        return None
-    n = 1 << (data[pos] >> 6)
-    if pos + n > len(data):
-        return None
-    value = int.from_bytes(data[pos:pos + n], "big") & ((1 << (8 * n - 2)) - 1)
-    return value, pos + n
-
-
-def encode_close_capsule(code: int, reason: str) -> bytes:
-    """CLOSE_WEBTRANSPORT_SESSION capsule: 32-bit code then the UTF-8 reason."""
-    msg = reason.encode("utf-8")[:MAX_CLOSE_REASON]
-    value = (code & 0xFFFFFFFF).to_bytes(4, "big") + msg
-    return (encode_uint_var(CAPSULE_CLOSE_WEBTRANSPORT_SESSION)
-            + encode_uint_var(len(value)) + value)
-
-
-class CapsuleParser:
-    """Incremental capsule parser for the CONNECT stream's DATA payload."""
-
-    def __init__(self) -> None:
-        self._buf = b""
-
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        """Return the complete (type, value) capsules now available."""
-        self._buf += data
-        out: list[tuple[int, bytes]] = []
-        while self._buf:
-            head = pull_uint_var(self._buf, 0)
-            head2 = head and pull_uint_var(self._buf, head[1])
-            if not head or not head2:
-                break
-            ctype, (length, start) = head[0], head2
-            if len(self._buf) - start < length:
-                break
-            out.append((ctype, self._buf[start:start + length]))
-            self._buf = self._buf[start + length:]
-        return out
-
-
-def decode_close_capsule(value: bytes) -> tuple[int, str]:
-    """Return (code, reason) from a CLOSE_WEBTRANSPORT_SESSION capsule value."""
-    if len(value) < 4:
-        raise ValueError("CLOSE_WEBTRANSPORT_SESSION capsule shorter than 4 bytes")
-    return int.from_bytes(value[:4], "big"), value[4:].decode("utf-8", "replace")
-
-
-def sf_string(value: str) -> bytes:
-    """Serialise a Structured Field sf-string (RFC 8941 3.3.3)."""
-    return b'"' + value.replace("\\", "\\\\").replace('"', '\\"').encode("ascii") + b'"'
-
-
-def parse_sf_list(value: bytes) -> list[str]:
-    """Parse a Structured Field list of strings/tokens, ignoring parameters.
-
-    Lenient on purpose: bare tokens (``moqt-22``) are accepted as well as sf-strings
-    (``"moqt-22"``), since early WebTransport implementations sent either.
-    """
-    items: list[str] = []
-    text = value.decode("ascii", "replace")
-    i, n = 0, len(text)
-    while i < n:
-        while i < n and text[i] in " \t,":
-            i += 1
-        if i >= n:
-            break
-        if text[i] == '"':
-            i += 1
-            chars: list[str] = []
-            while i < n and text[i] != '"':
-                if text[i] == "\\" and i + 1 < n:
-                    i += 1
-                chars.append(text[i])
-                i += 1
-            items.append("".join(chars))
-            i += 1
-        else:
-            start = i
-            while i < n and text[i] not in ",; \t":
-                i += 1
-            items.append(text[start:i])
-        # skip parameters (";key=value") up to the next comma
-        while i < n and text[i] != ",":
-            if text[i] == '"':
-                i = text.find('"', i + 1) + 1 or n
-            else:
-                i += 1
-    return items
-
-
-def parse_sf_item(value: bytes) -> str | None:
-    """Parse a single sf-string or token (``WT-Protocol``); None if empty."""
-    items = parse_sf_list(value)
-    return items[0] if items else None
-
-
-def select_protocol(offered: bytes | None, ours: str) -> str | None:
-    """The protocol the server selects from a ``WT-Available-Protocols`` value."""
-    if offered is None:
-        return None
-    return ours if ours in parse_sf_list(offered) else None

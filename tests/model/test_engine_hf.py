@@ -87,7 +87,6 @@ def test_dynamic_cache_round_trips_kvcs_arrays_of_each_dtype() -> None:
     k = rng.standard_normal(shape).astype(np.float32)
     v = rng.standard_normal(shape).astype(np.float32)
     cache = e.cache_from_kv(k, v)
-    assert e.cache_tokens(cache) == 5
     assert cache.layers[3].keys.shape == (1, e.kv_heads, 5, e.head_dim)
     k2, v2 = e.kv_of(cache)
     assert k2.tobytes() == k.tobytes() and v2.tobytes() == v.tobytes()

@@ -178,7 +178,7 @@ def test_every_setting_of_the_relay_has_a_key_and_the_keys_set_it() -> None:
                     "scope_quotas",  # files
                     "quic_backend", "metrics_listen",  # the launcher's, passed on
                     "options", "worker", "clock",  # composition, workers, tests
-                    "options.session", "options.in_flight_wait"}  # protocol tuning
+                    "options.session"}  # the session's own settings (SessionConfig)
     fields = {f.name for f in dataclasses.fields(RelayConfig)} | \
         {f"options.{f.name}" for f in dataclasses.fields(RelayOptions)}
     keyed = {("options." if k.owner is RelayOptions else "") + k.field.name
@@ -186,11 +186,13 @@ def test_every_setting_of_the_relay_has_a_key_and_the_keys_set_it() -> None:
     assert fields - not_settings == keyed
     assert set(PASSED_ON) <= {f.name for f in dataclasses.fields(LaunchOptions)}
     cfg = load({"send_buffer_bytes": "4096", "wt_path": "/kv", "fill_timeout": "2.5",
-                "max_sessions": "7", "upstream_push": True, "listen": "127.0.0.1:7",
-                "quic_backend": "qh3", "metrics_listen": "127.0.0.1:9"}, {}).relay_config()
+                "in_flight_wait": "0.25", "max_sessions": "7", "upstream_push": True,
+                "listen": "127.0.0.1:7", "quic_backend": "qh3",
+                "metrics_listen": "127.0.0.1:9"}, {}).relay_config()
     assert (cfg.send_buffer_bytes, cfg.wt_path, cfg.options.default_fill_timeout) == \
         (4096, "/kv", 2.5)
     assert (cfg.options.max_sessions, cfg.options.upstream_push) == (7, True)
+    assert cfg.options.in_flight_wait == 0.25
     assert (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 7)
     assert (cfg.quic_backend, cfg.metrics_listen) == ("qh3", ("127.0.0.1", 9))
 

@@ -52,7 +52,7 @@ def _verify(path: Path, capacity: int, committed: set[int], evicting: bool) -> i
         stats = store.stats()
         assert stats["tracks"] == len(present)
         assert stats["groups"] == sum(len(crash_track(i)) for i in present)  # no stray Groups
-        assert store.bytes_used == sum(store.info(track_key(i)).nbytes  # type: ignore[union-attr]
+        assert store.stats()["bytes_used"] == sum(store.info(track_key(i)).nbytes  # type: ignore[union-attr]
                                        for i in present)
         if not evicting:  # every reported commit survived (unless the child deleted it)
             missing = {i for i in committed if not deleted_by_child(i)} - set(present)

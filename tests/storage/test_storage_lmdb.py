@@ -36,10 +36,10 @@ def test_commit_reopen_bit_identical(tmp_path: Path) -> None:
     for t, groups in tracks.items():
         assert store.commit_track(t, groups) > 0
     assert store.commit_track(track_key(0), tracks[track_key(0)]) == 0  # already held
-    used = store.bytes_used
+    used = store.stats()["bytes_used"]
     store.close()
     store = LmdbStore(tmp_path, capacity=64 << 20)
-    assert store.bytes_used == used
+    assert store.stats()["bytes_used"] == used
     assert sorted(store.tracks()) == sorted(tracks)
     for t, groups in tracks.items():
         assert _stored(store, t) == describe(flat(groups))
@@ -155,7 +155,7 @@ def test_incomplete_tracks_are_never_written(tmp_path: Path, breakage: str) -> N
     store = LmdbStore(tmp_path, capacity=1 << 20)
     with pytest.raises(IncompleteTrackError):
         store.commit_track(track_key(0), groups)
-    assert store.tracks() == [] and store.bytes_used == 0
+    assert store.tracks() == [] and store.stats()["bytes_used"] == 0
     assert store.stats()["groups"] == 0
     store.close()
 
@@ -177,7 +177,7 @@ def test_lru_eviction_order_survives_restart(tmp_path: Path) -> None:
     assert store.tracks() == [track_key(1), track_key(2), track_key(0)]
     store.commit_track(track_key(3), groups)
     assert store.tracks() == [track_key(2), track_key(0), track_key(3)]
-    assert store.bytes_used == 3 * size <= capacity
+    assert store.stats()["bytes_used"] == 3 * size <= capacity
     assert store.stats()["evicted_tracks"] == 1
     assert store.stats()["groups"] == 3 * len(groups)  # no Group of track 1 left behind
     store.close()
@@ -232,7 +232,7 @@ def test_a_track_of_exactly_the_capacity_fits(tmp_path: Path) -> None:
     groups = full_track([8], size=2 * KiB)
     size = LmdbStore(tmp_path / "probe", capacity=1 << 20).commit_track(track_key(0), groups)
     store = LmdbStore(tmp_path / "db", capacity=size)
-    assert store.commit_track(track_key(0), groups) == size == store.bytes_used
+    assert store.commit_track(track_key(0), groups) == size == store.stats()["bytes_used"]
     store.close()
 
 
@@ -243,7 +243,7 @@ def test_a_byte_counter_that_is_off_heals_on_the_next_commit(tmp_path: Path) -> 
     with store._env.begin(write=True) as txn:
         txn.put(b"bytes", (1 << 30).to_bytes(8, "big"))
     size = store.commit_track(track_key(0), full_track([2]))
-    assert size > 0 and store.bytes_used == size
+    assert size > 0 and store.stats()["bytes_used"] == size
     store.close()
 
 
@@ -317,7 +317,7 @@ def test_map_grows_then_evicts_then_reports_full(tmp_path: Path) -> None:
     with pytest.raises(StorageFullError):
         store.commit_track(track_key(50), full_track([80], size=48 * KiB))  # > the whole map
     assert not store.info(track_key(50))
-    assert store.bytes_used == sum(store.info(t).nbytes for t in store.tracks())  # type: ignore[union-attr]
+    assert store.stats()["bytes_used"] == sum(store.info(t).nbytes for t in store.tracks())  # type: ignore[union-attr]
     store.close()
 
 
@@ -485,7 +485,7 @@ def test_disk_full_becomes_storage_full(tmp_path: Path, monkeypatch: pytest.Monk
         store.commit_track(track_key(1), full_track([2]))
     monkeypatch.undo()
     assert store.tracks() == [track_key(0)]
-    assert store.bytes_used == store.info(track_key(0)).nbytes  # type: ignore[union-attr]
+    assert store.stats()["bytes_used"] == store.info(track_key(0)).nbytes  # type: ignore[union-attr]
     store.close()
 
 
@@ -501,9 +501,9 @@ def test_a_first_commit_that_fails_leaves_an_empty_store(tmp_path: Path,
     monkeypatch.setattr(store, "_put_counters", fail)
     with pytest.raises(StorageFullError, match="disk full"):
         store.commit_track(track_key(0), full_track([2]))
-    assert store.bytes_used == 0 and store.tracks() == []
+    assert store.stats()["bytes_used"] == 0 and store.tracks() == []
     monkeypatch.setattr(store, "_put_counters", real_put)
-    assert store.commit_track(track_key(0), full_track([2])) == store.bytes_used > 0
+    assert store.commit_track(track_key(0), full_track([2])) == store.stats()["bytes_used"] > 0
     store.close()
 
 
@@ -559,7 +559,7 @@ def test_delete_track(tmp_path: Path) -> None:
     store.commit_track(track_key(1), full_track([5]))
     assert store.delete_track(track_key(0)) and not store.delete_track(track_key(0))
     assert store.tracks() == [track_key(1)]
-    assert store.bytes_used == store.info(track_key(1)).nbytes  # type: ignore[union-attr]
+    assert store.stats()["bytes_used"] == store.info(track_key(1)).nbytes  # type: ignore[union-attr]
     store.close()
 
 
@@ -585,7 +585,7 @@ def test_a_track_removed_by_delete_eviction_or_expiry_leaves_no_row(tmp_path: Pa
     assert store.expire() == 1
     assert _rows(store) == dict.fromkeys(
         ("names", "tracks", "props", "expiry", "groups", "lru"), 0)
-    assert store.bytes_used == 0 and store.stats()["evicted_tracks"] == 1
+    assert store.stats()["bytes_used"] == 0 and store.stats()["evicted_tracks"] == 1
     store.close()
 
 

@@ -165,11 +165,11 @@ def test_pinned_groups_survive_pressure_and_are_accounted() -> None:
             mem.append(other, obj(0, o, b"o" * 1000))
         assert mem.held_groups(live) == [0, 1, 2, 3]
         assert all(mem.get(live, Location(g, 1)) is not None for g in range(4))
-        assert mem.pinned_bytes >= 2 * one_group
+        assert mem.stats()["pinned_bytes"] >= 2 * one_group
         assert mem.bytes_used == 4 * one_group + (one_group if mem.held_groups(other) else 0)
     # Released: back under the bound, least recently used first.
     assert mem.bytes_used <= mem.capacity
-    assert mem.pinned_bytes == 0
+    assert mem.stats()["pinned_bytes"] == 0
 
 
 def test_pin_of_a_group_range_only() -> None:
@@ -193,9 +193,9 @@ def test_group_larger_than_capacity_is_not_kept_unless_pinned() -> None:
         assert mem.append(T, obj(1, 0, b"x" * 10_000)) is AppendResult.STORED
         assert mem.append(T, obj(2, 0, b"x" * 10_000)) is AppendResult.STORED
         assert mem.get(T, Location(1, 0)) is not None
-        assert mem.pinned_bytes == mem.bytes_used == 2 * big
+        assert mem.stats()["pinned_bytes"] == mem.bytes_used == 2 * big
     assert mem.get(T, Location(1, 0)) is None and mem.bytes_used == 0
-    assert mem.pinned_bytes == 0 and mem.tracks() == []
+    assert mem.stats()["pinned_bytes"] == 0 and mem.tracks() == []
 
 
 def test_drop_track_and_status_objects_readable() -> None:
@@ -362,11 +362,11 @@ def test_discard_group() -> None:
     # Pinned Groups beyond the capacity are parked outside the LRU, still discardable.
     with mem.pin(T):
         put_groups(mem, T, range(4))
-        assert mem.pinned_bytes == 3 * ONE and mem.bytes_used == 4 * ONE
+        assert mem.stats()["pinned_bytes"] == 3 * ONE and mem.bytes_used == 4 * ONE
         assert mem.discard_group(T, 0)
-        assert mem.pinned_bytes == 2 * ONE and mem.bytes_used == 3 * ONE
+        assert mem.stats()["pinned_bytes"] == 2 * ONE and mem.bytes_used == 3 * ONE
         assert mem.held_groups(T) == [1, 2, 3] and mem.get(T, Location(0, 0)) is None
-    assert mem.pinned_bytes == 0 and mem.bytes_used <= mem.capacity
+    assert mem.stats()["pinned_bytes"] == 0 and mem.bytes_used <= mem.capacity
 
 
 def test_expired_parked_groups_release_their_bytes() -> None:
@@ -377,18 +377,18 @@ def test_expired_parked_groups_release_their_bytes() -> None:
     mem.set_cache_duration(T, 10.0)
     lease = mem.pin(T)
     put_groups(mem, T, range(4))
-    assert mem.pinned_bytes == 3 * ONE
+    assert mem.stats()["pinned_bytes"] == 3 * ONE
     clock.now += 10
     assert mem.get(T, Location(0, 0)) is None
-    assert mem.pinned_bytes == 2 * ONE and mem.bytes_used == 3 * ONE
+    assert mem.stats()["pinned_bytes"] == 2 * ONE and mem.bytes_used == 3 * ONE
     assert mem.get(T, Location(1, 0)) is None
-    assert mem.pinned_bytes == ONE and mem.bytes_used == 2 * ONE
+    assert mem.stats()["pinned_bytes"] == ONE and mem.bytes_used == 2 * ONE
     assert mem.stats()["expired_groups"] == 2
     assert mem.held_groups(T) == [2, 3]
     lease.release()
     assert mem.group(T, 2) is None and mem.group(T, 3) is None
     assert mem.stats()["expired_groups"] == 4
-    assert mem.tracks() == [] and mem.bytes_used == 0 and mem.pinned_bytes == 0
+    assert mem.tracks() == [] and mem.bytes_used == 0 and mem.stats()["pinned_bytes"] == 0
 
 
 def test_drop_track_forgets_parked_groups_pins_and_cache_duration() -> None:
@@ -398,15 +398,15 @@ def test_drop_track_forgets_parked_groups_pins_and_cache_duration() -> None:
     mem.set_cache_duration(T, 10.0)
     lease = mem.pin(T)
     put_groups(mem, T, range(4))
-    assert mem.pinned_bytes == 3 * ONE
+    assert mem.stats()["pinned_bytes"] == 3 * ONE
     mem.drop_track(T)
     assert mem.tracks() == [] and mem.held_groups(T) == []
-    assert mem.bytes_used == 0 and mem.pinned_bytes == 0
+    assert mem.bytes_used == 0 and mem.stats()["pinned_bytes"] == 0
     assert mem.scopes.held == {}  # no quotas: the tier keeps no per-scope books at all
     # The same track again: no pin (it is evicted like any other) and no cache duration.
     put_groups(mem, T, range(3))
     lease.release()  # its pin went with the old track: nothing to release in the new one
-    assert mem.held_groups(T) == [1, 2] and mem.pinned_bytes == 0
+    assert mem.held_groups(T) == [1, 2] and mem.stats()["pinned_bytes"] == 0
     clock.now += 1000
     assert mem.get(T, Location(2, 0)) is not None
 
@@ -448,9 +448,9 @@ def test_objects_append_to_a_parked_group() -> None:
     mem = MemoryStore(2 * ONE)
     with mem.pin(T):
         put_groups(mem, T, range(3))
-        assert mem.pinned_bytes == 2 * ONE  # Groups 0 and 1 are parked
+        assert mem.stats()["pinned_bytes"] == 2 * ONE  # Groups 0 and 1 are parked
         assert mem.append(T, obj(0, 1, b"y" * 10)) is AppendResult.STORED
-        assert mem.pinned_bytes == 2 * ONE + OBJECT_OVERHEAD + 10
+        assert mem.stats()["pinned_bytes"] == 2 * ONE + OBJECT_OVERHEAD + 10
         assert mem.bytes_used == 3 * ONE + OBJECT_OVERHEAD + 10
         assert [o.object_id for o in mem.read(T, Location(0, 0), Location(0, 1))] == [0, 1]
         assert mem.held_groups(T) == [0, 1, 2]
@@ -489,7 +489,7 @@ def test_an_object_for_an_expired_group_starts_it_afresh() -> None:
     small.set_cache_duration(other, 10.0)
     with small.pin(other):
         put_groups(small, other, range(3))
-        assert small.pinned_bytes == 2 * ONE  # Groups 0 and 1 are parked
+        assert small.stats()["pinned_bytes"] == 2 * ONE  # Groups 0 and 1 are parked
         clock.now += 10
         assert small.append(other, obj(0, 0, b"new")) is AppendResult.STORED
         assert small.stats()["expired_groups"] == 1
@@ -572,11 +572,11 @@ def test_leases_are_independent() -> None:
     mem = MemoryStore(2 * ONE)
     first, second = mem.pin(T, 0, 0), mem.pin(T, 1, 2)
     put_groups(mem, T, range(4))
-    assert mem.held_groups(T) == [0, 1, 2, 3] and mem.pinned_bytes == 3 * ONE
+    assert mem.held_groups(T) == [0, 1, 2, 3] and mem.stats()["pinned_bytes"] == 3 * ONE
     second.release()  # Group 0 stays parked; 1 and 2 go back, then the LRU trims
-    assert mem.held_groups(T) == [0, 2] and mem.pinned_bytes == ONE
+    assert mem.held_groups(T) == [0, 2] and mem.stats()["pinned_bytes"] == ONE
     first.release()
-    assert mem.pinned_bytes == 0
+    assert mem.stats()["pinned_bytes"] == 0
     put_groups(mem, T, [4])
     assert mem.held_groups(T) == [0, 4]  # Group 0 came back as the most recently used
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relay.transport.webtransport import (
+from relay.transport.h3wire import (
     WT_APP_ERROR_FIRST,
     WT_APP_ERROR_LAST,
     CapsuleParser,

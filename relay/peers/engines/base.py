@@ -45,9 +45,6 @@ class Engine(Protocol):
     def new_cache(self) -> Any:
         ...
 
-    def cache_tokens(self, cache: Any) -> int:
-        ...
-
     def run(self, tokens: Sequence[int], cache: Any, on_layer: OnLayer | None = None
             ) -> np.ndarray:
         """One pass of ``tokens`` on top of ``cache`` (extended in place); the last token's
@@ -60,7 +57,9 @@ class Engine(Protocol):
         ...
 
     def kv_of(self, cache: Any) -> tuple[np.ndarray, np.ndarray]:
-        """KVCS arrays (float32) of the engine's cache."""
+        """KVCS arrays (float32) of the engine's cache. Inspection: the peers publish what
+        ``run`` hands ``on_layer``; tests read a cache through this, the inverse of
+        :meth:`cache_from_kv`, to compare it bit for bit."""
         ...
 
     def encode(self, text: str) -> list[int]:

@@ -88,9 +88,6 @@ class TransformersEngine:
     def new_cache(self) -> Any:
         return self._cache_class(config=self.model.config)
 
-    def cache_tokens(self, cache: Any) -> int:
-        return int(cache.get_seq_length())
-
     def run(self, tokens: Sequence[int], cache: Any, on_layer: OnLayer | None = None
             ) -> np.ndarray:
         torch = self.torch

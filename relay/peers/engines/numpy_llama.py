@@ -33,9 +33,6 @@ class NumpyEngine:
     def new_cache(self) -> KVCache:
         return KVCache()
 
-    def cache_tokens(self, cache: KVCache) -> int:
-        return cache.tokens
-
     def run(self, tokens: Sequence[int], cache: KVCache, on_layer: OnLayer | None = None
             ) -> np.ndarray:
         p = self.model.prefill(tokens, cache)

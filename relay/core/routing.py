@@ -1,9 +1,9 @@
-"""Where a request the relay cannot answer from its cache goes, and what the relay learns
-of the namespaces it can route: its own publishers and lower relays (as the request's
-`Reach` allows), then the upstream relay; one upstream subscription per Track (§14.4),
-coalesced FETCH misses (§14.7), TRACK_STATUS, namespace subscriptions up, down to lower
-relays and to sibling workers, and what it learned of a Track's absence (served during an
-upstream outage).
+"""Where a request the relay cannot answer from its cache goes: its own publishers and lower
+relays (as the request's `Reach` allows), then the upstream relay; one upstream subscription
+per Track (§14.4), coalesced FETCH misses (§14.7), TRACK_STATUS, namespace subscriptions up
+(upstream_namespaces.py), down to lower relays and to sibling workers (what they announce is
+learned in learned.py), and what it learned of a Track's absence (served during an upstream
+outage).
 """
 
 from __future__ import annotations

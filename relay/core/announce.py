@@ -42,11 +42,11 @@ from relay.moqt.primitives import (
 from relay.session import LinkError, MoqtSession, RequestRejected
 from relay.session.errors import SessionFailure
 
-from .auth import Role
-from .namespaces import NamespaceListener, own_source
+from .auth import Authorizer, Role
+from .namespaces import NamespaceListener, NamespaceTable, own_source
 
 if TYPE_CHECKING:
-    from .relay import Relay
+    from .counters import Counters
     from .upstream import UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
@@ -63,10 +63,14 @@ class _Pending:
 
 
 class UpwardAnnouncer:
-    def __init__(self, relay: Relay, link: UpstreamLink, fields: int,
-                 token: bytes | None) -> None:
-        self.relay = relay
+    def __init__(self, namespaces: NamespaceTable, auth: Authorizer, counters: Counters,
+                 link: UpstreamLink, fields: int, token: bytes | None,
+                 answer_timeout: float) -> None:
+        self.namespaces = namespaces
+        self.auth = auth
+        self.counters = counters
         self.link = link
+        self.answer_timeout = answer_timeout  # for the upstream's answer to an announcement
         self.fields = fields  # 0: announce whole namespaces
         self.token = token
         self._wanted: dict[TrackNamespace, int] = {}  # prefix -> own namespaces under it
@@ -77,7 +81,7 @@ class UpwardAnnouncer:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.listener = NamespaceListener((), self._on_namespace, shows=own_source)
-        for ns in relay.namespaces.add_listener(self.listener):
+        for ns in namespaces.add_listener(self.listener):
             self.add(ns)
 
     # -- what there is to announce ----------------------------------------------------------------
@@ -94,7 +98,7 @@ class UpwardAnnouncer:
     def add(self, namespace: TrackNamespace) -> None:
         """One more own namespace under ``namespace``'s prefix."""
         if not self.covers(namespace):
-            self.relay.counters.upstream_announcements_uncovered += 1
+            self.counters.upstream_announcements_uncovered += 1
             log.info("not announced upstream (the upstream token does not cover it): %s",
                      format_namespace(namespace))
             return
@@ -124,14 +128,14 @@ class UpwardAnnouncer:
         """This relay's own token table holds our upstream token (one table for a whole
         tree): what it covers is known here; otherwise the upstream decides."""
         return self.token is not None and any(hmac.compare_digest(g.token, self.token)
-                                              for g in self.relay.auth.grants)
+                                              for g in self.auth.grants)
 
     def covers(self, namespace: TrackNamespace) -> bool:
         """May our upstream token publish ``namespace`` (as far as known here)?"""
         if not self._token_known():
             return True
         assert self.token is not None
-        return self.relay.auth.allows(Role.PUBLISH, namespace, [self.token])
+        return self.auth.allows(Role.PUBLISH, namespace, [self.token])
 
     def offered(self, namespace: TrackNamespace) -> bool:
         """Under a prefix announced (or being announced) on the current session, and
@@ -191,13 +195,13 @@ class UpwardAnnouncer:
                     pending: _Pending, pause: float) -> None:
         try:
             handle = await asyncio.wait_for(session.publish_namespace(prefix),
-                                            self.relay.options.default_fill_timeout)
+                                            self.answer_timeout)
         except RequestRejected as e:
             if self._sent.get(prefix) is pending:
                 del self._sent[prefix]
                 if e.code == RequestErrorCode.UNAUTHORIZED:
                     self._refused.add(prefix)  # not asked again on this session
-            self.relay.counters.upstream_announcements_refused += 1
+            self.counters.upstream_announcements_refused += 1
             log.warning("upstream relay refused the announcement of %s: %s (0x%x); it is "
                         "served here only", format_namespace(prefix), e.reason, e.code)
             return
@@ -211,7 +215,7 @@ class UpwardAnnouncer:
             if session is self._session and not session.closed and \
                     prefix in self._wanted and prefix not in self._sent and \
                     prefix not in self._refused:
-                self.relay.counters.upstream_announcements_retried += 1
+                self.counters.upstream_announcements_retried += 1
                 self._announce(session, prefix, min(pause * 2, RETRY_MAX))
             return
         if self._sent.get(prefix) is not pending or session is not self._session:
@@ -222,7 +226,7 @@ class UpwardAnnouncer:
 
     async def close(self) -> None:
         self._closing = True
-        self.relay.namespaces.remove_listener(self.listener)
+        self.namespaces.remove_listener(self.listener)
         task = self._task
         if task is not None:
             task.cancel()

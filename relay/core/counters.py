@@ -9,13 +9,9 @@ import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from relay.moqt.codes import session_error_meaning
 from storage.interface import Tier
-
-if TYPE_CHECKING:
-    from .range_serve import ServeStats
 
 
 class InFlight:
@@ -36,6 +32,18 @@ class InFlight:
             self.count -= 1
             if self.count == 0:
                 self.idle.set()
+
+
+@dataclass
+class ServeStats:
+    """What one fill or FETCH served (relay/core/range_serve.py's walk), added to `Served`."""
+
+    objects: int = 0
+    bytes: int = 0
+    by_tier: dict[Tier, int] = field(default_factory=dict)
+    markers: int = 0
+    upstream_fetches: int = 0
+    reset: bool = False
 
 
 @dataclass
@@ -122,4 +130,4 @@ class Counters:
             await self.fetch.in_flight.idle.wait()
 
 
-__all__ = ["Counters", "InFlight", "Served"]
+__all__ = ["Counters", "InFlight", "ServeStats", "Served"]

@@ -67,7 +67,7 @@ from .upstream import UNREACHABLE
 from .upstream_namespaces import UPSTREAM_ANSWER_WAIT
 
 if TYPE_CHECKING:
-    from .relay import Relay
+    from .parts import RelayParts
 
 log = logging.getLogger("kvcs.relay")
 
@@ -138,8 +138,8 @@ def _props(track: RelayTrack, params: Params) -> tuple[Any, ...]:
 class RelayHandler(SessionHandler):
     """Answers one downstream session's requests on behalf of the Relay."""
 
-    def __init__(self, relay: Relay, *, reach: Reach = Reach.ALL) -> None:
-        self.relay = relay
+    def __init__(self, relay: RelayParts, *, reach: Reach = Reach.ALL) -> None:
+        self.relay = relay  # the relay's parts its requests reach (parts.py)
         # where the session's requests may be sent on (see Reach): a sibling worker's
         # (docs/workers.md) never back to a sibling, so a request never travels between
         # workers twice; the upstream relay's (docs/relay.md, "Trees") only down, to this
@@ -268,7 +268,7 @@ class RelayHandler(SessionHandler):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized to publish there")
             return
         relay = self.relay
-        track = relay.track(req.full_name)
+        track = relay.registry.track(req.full_name)
         sub = await req.accept()
         if relay.push is not None and self.reach is Reach.ALL:
             # before the Track ingests anything: the push misses no Object
@@ -281,7 +281,7 @@ class RelayHandler(SessionHandler):
         try:
             await track.ingest(sub)
         finally:
-            relay.list_until_committed(track, entry)
+            relay.registry.list_until_committed(track, entry)
 
     # -- discovery --------------------------------------------------------------------------------
 
@@ -390,7 +390,7 @@ class RelayHandler(SessionHandler):
 
     async def _subscribe(self, req: IncomingSubscribe) -> None:
         relay = self.relay
-        track = relay.track(req.full_name)
+        track = relay.registry.track(req.full_name)
         params = req.params
         err = await relay.routing.ensure_upstream(track, reach=self.reach,
                                                   fill=_fill_filter(params))
@@ -404,7 +404,7 @@ class RelayHandler(SessionHandler):
         ended = err is not None and track.store.known_final(track.key) is not None
         if err is not None and not ended:
             err = relay.routing.in_outage(track, err)
-            relay.forget_if_idle(track)
+            relay.registry.forget_if_idle(track)
             await self._refuse(req, err.code, err.reason)
             return
         session = _moqt_session(req)
@@ -477,12 +477,12 @@ class RelayHandler(SessionHandler):
                     finally:
                         woke.cancel()
                     if cancelled in done:
-                        relay.forget_if_idle(track)
+                        relay.registry.forget_if_idle(track)
                         return None
                     if woke not in done:
                         break
                     woken.clear()
-                    track = relay.track(name)  # the registry may have swept it meanwhile
+                    track = relay.registry.track(name)  # the registry may have swept it meanwhile
                     err = await relay.routing.ensure_upstream(track, reach=self.reach,
                                                               fill=_fill_filter(req.params))
                     if err is None or err.code != RequestErrorCode.DOES_NOT_EXIST:
@@ -592,7 +592,7 @@ class RelayHandler(SessionHandler):
         if not self._allowed(req, Role.SUBSCRIBE, req.namespace):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
             return
-        track = relay.track(req.full_name)
+        track = relay.registry.track(req.full_name)
         params = req.params
         lf = params.location_filter
         if lf is not None and lf.type == LocationFilterType.NONE:
@@ -624,7 +624,7 @@ class RelayHandler(SessionHandler):
             # (End of Unknown Range), not as a Track that does not exist
             largest = end
         if largest is None:
-            relay.forget_if_idle(track)
+            relay.registry.forget_if_idle(track)
             err = relay.routing.unreachable_error() if self.reach is not Reach.OWN else None
             if unanswered or err is not None:
                 err = relay.routing.in_outage(
@@ -748,7 +748,7 @@ class RelayHandler(SessionHandler):
 
     async def track_status(self, req: IncomingTrackStatus) -> None:
         if loops.is_probe(req.namespace):
-            await loops.answer(self.relay, req, _moqt_session(req), self.reach)
+            await self.relay.loops.answer(req, _moqt_session(req), self.reach)
             return
         if not self._allowed(req, Role.SUBSCRIBE, req.full_name.namespace):
             await req.reject(RequestErrorCode.UNAUTHORIZED, "not authorized for that scope")
@@ -756,13 +756,13 @@ class RelayHandler(SessionHandler):
         relay = self.relay
         # the registry entry loads a Track held only in LMDB (after a restart) with its
         # Track Properties; a Track the relay knows nothing of is asked upstream (§14 table)
-        track = relay.track(req.full_name)
+        track = relay.registry.track(req.full_name)
         err = None
         if track.largest() is None:
             err = await relay.routing.track_status_upstream(track, reach=self.reach)
         largest = track.largest()
         if largest is None:
-            relay.forget_if_idle(track)
+            relay.registry.forget_if_idle(track)
             if err is not None:
                 err = relay.routing.in_outage(track, err)
                 await self._refuse(req, err.code, err.reason)

@@ -32,10 +32,10 @@ from relay.session import IncomingTrackStatus, LinkError, MoqtSession, RequestRe
 from relay.session.errors import SessionFailure
 
 from .namespaces import Reach
-from .routing import runs_this_code
+from .routing import is_tree_relay, runs_this_code
 
 if TYPE_CHECKING:
-    from .relay import Relay
+    from .counters import Counters
     from .upstream import UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
@@ -82,59 +82,72 @@ def _reason(text: str) -> str:
     return text.encode()[:1024].decode("utf-8", "ignore")  # a Reason Phrase's bound (§2.6)
 
 
-async def verify(relay: Relay, link: UpstreamLink, session: MoqtSession) -> str | None:
-    """Probe a new upstream session before it carries requests (``UpstreamLink.verify``):
-    why it must be refused (the probe came back: a loop; the session is closed), else None.
-    An upstream that is no kvcs relay, or does not answer in time, is not a loop."""
-    if not runs_this_code(session):
-        return None
-    try:
-        await asyncio.wait_for(
-            session.track_status((PROBE_FIELD, relay.relay_id.encode()), PROBE_TRACK),
-            link.dial_timeout)
-    except RequestRejected as e:
-        if _is_loop(e):
-            relay.counters.upstream_loops += 1
-            session.close(0, CLOSE_REASON)  # NO_ERROR: a configuration to fix, not a fault
-            return _printable(e.reason)
-    except (TimeoutError, SessionFailure, LinkError):
-        pass
-    return None
+class LoopProbe:
+    """This relay's side of the loop probe: its id, the probes it sends up a new upstream
+    session (``verify``) and those it answers from a lower relay (``answer``)."""
 
+    def __init__(self, counters: Counters, upstream: UpstreamLink | None) -> None:
+        # who this relay is in probes; start_relay names it after its port once it listens,
+        # a supervisor's workers share their relay's
+        self.relay_id = new_relay_id(0)
+        self.counters = counters
+        self.upstream = upstream
 
-async def answer(relay: Relay, req: IncomingTrackStatus, session: MoqtSession,
-                 reach: Reach) -> None:
-    """A probe arriving at this relay: refused as a loop if it passed here before, else
-    sent on up (and its answer passed back). Only from a lower relay (never down a tree nor
-    between workers), and with no token: it asks for nobody's Track."""
-    if reach is not Reach.ALL or not relay.routing.is_tree_relay(session):
-        await req.reject(RequestErrorCode.DOES_NOT_EXIST, "reserved namespace")
-        return
-    ns = req.full_name.namespace
-    trail, me = ns[1:], relay.relay_id.encode()
-    if me in trail or len(trail) >= MAX_TRAIL:
-        path = _names((*trail[trail.index(me):], me)) if me in trail else \
-            [*_names(trail[:2]), "...", f"({len(trail)} relays)"]
-        why = _reason(f"{LOOP}: {' -> '.join(path)}")
-        log.warning("%s (probe of %s came back here)", why, _names(trail[:1])[0])
-        await req.reject(RequestErrorCode.NOT_SUPPORTED, why)
-        return
-    link = relay.upstream
-    up = None
-    if link is not None:
-        # none open in time: no loop through it yet (its own dial probes, later)
-        with contextlib.suppress(TimeoutError):
-            up = await asyncio.wait_for(link.for_probe(), PROBE_WAIT)
-    if link is not None and up is not None and runs_this_code(up):
+    async def verify(self, session: MoqtSession) -> str | None:
+        """Probe a new upstream session before it carries requests (``UpstreamLink.verify``):
+        why it must be refused (the probe came back: a loop; the session is closed), else
+        None. An upstream that is no kvcs relay, or does not answer in time, is not a loop."""
+        if not runs_this_code(session):
+            return None
+        link = self.upstream
+        assert link is not None  # only the upstream link verifies its sessions
         try:
-            await asyncio.wait_for(up.track_status((*ns, me), PROBE_TRACK), link.dial_timeout)
+            await asyncio.wait_for(
+                session.track_status((PROBE_FIELD, self.relay_id.encode()), PROBE_TRACK),
+                link.dial_timeout)
         except RequestRejected as e:
             if _is_loop(e):
-                await req.reject(e.code, e.reason)
-                return
+                self.counters.upstream_loops += 1
+                session.close(0, CLOSE_REASON)  # NO_ERROR: a configuration to fix, not a fault
+                return _printable(e.reason)
         except (TimeoutError, SessionFailure, LinkError):
             pass
-    await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no relay loop")
+        return None
+
+    async def answer(self, req: IncomingTrackStatus, session: MoqtSession,
+                     reach: Reach) -> None:
+        """A probe arriving at this relay: refused as a loop if it passed here before, else
+        sent on up (and its answer passed back). Only from a lower relay (never down a tree
+        nor between workers), and with no token: it asks for nobody's Track."""
+        if reach is not Reach.ALL or not is_tree_relay(session):
+            await req.reject(RequestErrorCode.DOES_NOT_EXIST, "reserved namespace")
+            return
+        ns = req.full_name.namespace
+        trail, me = ns[1:], self.relay_id.encode()
+        if me in trail or len(trail) >= MAX_TRAIL:
+            path = _names((*trail[trail.index(me):], me)) if me in trail else \
+                [*_names(trail[:2]), "...", f"({len(trail)} relays)"]
+            why = _reason(f"{LOOP}: {' -> '.join(path)}")
+            log.warning("%s (probe of %s came back here)", why, _names(trail[:1])[0])
+            await req.reject(RequestErrorCode.NOT_SUPPORTED, why)
+            return
+        link = self.upstream
+        up = None
+        if link is not None:
+            # none open in time: no loop through it yet (its own dial probes, later)
+            with contextlib.suppress(TimeoutError):
+                up = await asyncio.wait_for(link.for_probe(), PROBE_WAIT)
+        if link is not None and up is not None and runs_this_code(up):
+            try:
+                await asyncio.wait_for(up.track_status((*ns, me), PROBE_TRACK),
+                                       link.dial_timeout)
+            except RequestRejected as e:
+                if _is_loop(e):
+                    await req.reject(e.code, e.reason)
+                    return
+            except (TimeoutError, SessionFailure, LinkError):
+                pass
+        await req.reject(RequestErrorCode.DOES_NOT_EXIST, "no relay loop")
 
 
 async def refuse_at_start(link: UpstreamLink) -> None:
@@ -151,5 +164,5 @@ async def refuse_at_start(link: UpstreamLink) -> None:
                         "a relay tree must have no cycle")
 
 
-__all__ = ["PROBE_FIELD", "RelayLoop", "answer", "is_probe", "new_relay_id",
-           "refuse_at_start", "verify"]
+__all__ = ["PROBE_FIELD", "LoopProbe", "RelayLoop", "is_probe", "new_relay_id",
+           "refuse_at_start"]

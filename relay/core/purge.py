@@ -80,7 +80,7 @@ async def purge(relay: Relay, prefix: TrackNamespace) -> PurgeResult:
         if namespace_matches_prefix(ns, prefix) and (
                 ns in purged_ns or ns in relay.persistence.cached):
             relay.persistence.forget_namespace(ns)
-            relay.routing.forget_kept_namespace(ns)
+            relay.learned.forget_kept(ns)
             if relay.namespaces.remove_namespace(ns):
                 result.namespaces_done.append(ns)
     relay.counters.admin_purged_tracks += len(result.removed)

@@ -25,15 +25,20 @@ from .forwarder import Forwarder
 from .scheduler import SessionScheduler
 
 if TYPE_CHECKING:
-    from .relay import Relay
+    from .counters import Counters
     from .track import RelayTrack
+    from .upstream import UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
 
 
 class UpstreamPush:
-    def __init__(self, relay: Relay) -> None:
-        self.relay = relay
+    def __init__(self, link: UpstreamLink, counters: Counters, max_backlog: int,
+                 answer_timeout: float) -> None:
+        self.link = link
+        self.counters = counters
+        self.max_backlog = max_backlog  # each push's Forwarder's, as any subscriber's
+        self.answer_timeout = answer_timeout  # for the upstream's answer to our PUBLISH
         self._schedulers: dict[MoqtSession, SessionScheduler] = {}
 
     def _scheduler(self, session: MoqtSession) -> SessionScheduler:
@@ -49,32 +54,30 @@ class UpstreamPush:
         anything from its publisher, so the push, registered as one more subscriber of the
         Track here, misses nothing; it is attached once the upstream accepted our PUBLISH
         (until then the Forwarder queues, bounded by its backlog)."""
-        relay = self.relay
-        up = await relay.upstream.get() if relay.upstream is not None else None
+        up = await self.link.get()
         if up is None:
-            relay.counters.upstream_pushes_failed += 1
+            self.counters.upstream_pushes_failed += 1
             return
         fwd = Forwarder(Params(forward=True), self._scheduler(up), Location(0, 0), None,
-                        max_backlog=relay.options.max_backlog_bytes,
+                        max_backlog=self.max_backlog,
                         on_close=lambda f: track.forwarders.discard(f))
-        fwd.counters = relay.counters
+        fwd.counters = self.counters
         track.forwarders.add(fwd)
         up.spawn(self._publish(up, track, properties, fwd), "push-up")
 
     async def _publish(self, up: MoqtSession, track: RelayTrack, properties: tuple[Any, ...],
                        fwd: Forwarder) -> None:
-        relay = self.relay
         name = track.full_name
         try:
             served = await asyncio.wait_for(
                 up.publish(name.namespace, name.name, properties=properties),
-                relay.options.default_fill_timeout)
+                self.answer_timeout)
         except (RequestRejected, SessionFailure, LinkError, TimeoutError) as e:
             fwd.close()
-            relay.counters.upstream_pushes_failed += 1
+            self.counters.upstream_pushes_failed += 1
             log.warning("push of %s upstream refused or failed: %s; it is served here only",
                         format_full_track_name(*name), reason_of(e))
             return
         fwd.attach(served)
-        relay.counters.upstream_pushes += 1
+        self.counters.upstream_pushes += 1
         await fwd.wait_finished(served.cancelled)

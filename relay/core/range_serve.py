@@ -3,34 +3,35 @@
 (Objects in flight upstream) or fetched upstream within the request's budget
 (FILL_TIMEOUT); what stays unknown is reported, never turned into does-not-exist (§14.9).
 
-The walk reads the Track's store and waits on its changes; the Track itself (its upstream
-subscriptions, its forwarders, its commit) is relay/core/track.py.
+The walk reads the Track's store and waits on its changes (``ServedTrack``, what it needs of
+the Track); the Track itself (its upstream subscriptions, its forwarders, its commit) is
+relay/core/track.py, which binds the upstream lookups to itself before it calls the walk.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relay.moqt.codes import EndOfRangeType, GroupOrder, ObjectStatus, StreamResetCode
 from relay.moqt.primitives import Location
 from relay.moqt.range_filter import ObjectFilter
 from relay.session import LinkError, SessionClosed
-from storage.interface import OBJECT_MAX, Span, SpanKind, StoredObject, Tier
+from storage.interface import OBJECT_MAX, Span, SpanKind, StoredObject, Tier, TrackKey
 
 from . import cache
+from .counters import ServeStats
 from .spans import before
 
 if TYPE_CHECKING:
-    from .track import RelayTrack
+    from storage.tiered import TieredStore
 
-# (track, start, end, budget): upstream FETCH of [start, end] with ``budget`` seconds of the
-# request's FILL_TIMEOUT left (Routing.fetch_upstream)
-UpstreamFetch = Callable[["RelayTrack", Location, Location, float], Awaitable[bool]]
-# The upstream FETCH on its way whose range holds a Location, if any (Routing).
-InFlightFetch = Callable[["RelayTrack", Location], "asyncio.Future[Any] | None"]
+# (start, end, budget): upstream FETCH of [start, end] of the Track served, with ``budget``
+# seconds of the request's FILL_TIMEOUT left (Routing.fetch_upstream)
+RangeFetch = Callable[[Location, Location, float], Awaitable[bool]]
+# The upstream FETCH of the Track served on its way whose range holds a Location, if any.
+RangeInFlight = Callable[[Location], "asyncio.Future[Any] | None"]
 
 # Bytes of Objects read from the store in one step of a walk before they are written: LMDB
 # views cannot outlive the step, so the LMDB-held ones among them are copied.
@@ -53,14 +54,26 @@ class RangeWriter(Protocol):
     def reset(self, code: int) -> None: ...
 
 
-@dataclass
-class ServeStats:
-    objects: int = 0
-    bytes: int = 0
-    by_tier: dict[Tier, int] = field(default_factory=dict)
-    markers: int = 0
-    upstream_fetches: int = 0
-    reset: bool = False
+class ServedTrack(Protocol):
+    """What the walk reads of a relayed Track (relay/core/track.py's RelayTrack)."""
+
+    store: TieredStore
+    key: TrackKey
+    absent: list[tuple[Location, Location]]
+
+    @property
+    def live(self) -> bool: ...
+
+    def largest(self) -> Location | None: ...
+
+    def still_unknown(self, span: Span) -> Span | None: ...
+
+    def may_come_live(self, span: Span) -> bool: ...
+
+    async def wait_change(self, timeout: float) -> bool: ...
+
+    async def wait_change_or(self, other: asyncio.Future[Any], timeout: float | None
+                             ) -> None: ...
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -94,10 +107,10 @@ class _ReadAhead:
             job.cancel()
 
 
-async def serve_range(track: RelayTrack, writer: RangeWriter, start: Location, end: Location,
+async def serve_range(track: ServedTrack, writer: RangeWriter, start: Location, end: Location,
                       order: GroupOrder, flt: ObjectFilter | None, budget: float,
-                      upstream_fetch: UpstreamFetch, in_flight_wait: float = 1.0,
-                      in_flight: InFlightFetch | None = None) -> ServeStats:
+                      upstream_fetch: RangeFetch, in_flight_wait: float = 1.0,
+                      in_flight: RangeInFlight | None = None) -> ServeStats:
     """Write every Object of [start, end] ``track``'s cache holds or can obtain, in
     ``order``, that passes the request's Range filters ``flt`` (§6.5).
 
@@ -133,9 +146,9 @@ async def serve_range(track: RelayTrack, writer: RangeWriter, start: Location, e
 class _Walk:
     """One serving walk: what stays the same from its first Group to its last."""
 
-    def __init__(self, track: RelayTrack, writer: RangeWriter, flt: ObjectFilter | None,
-                 id_ranges: IdRanges | None, budget: float, upstream_fetch: UpstreamFetch,
-                 in_flight_wait: float, in_flight: InFlightFetch | None,
+    def __init__(self, track: ServedTrack, writer: RangeWriter, flt: ObjectFilter | None,
+                 id_ranges: IdRanges | None, budget: float, upstream_fetch: RangeFetch,
+                 in_flight_wait: float, in_flight: RangeInFlight | None,
                  ahead: _ReadAhead) -> None:
         self.track = track
         self.writer = writer
@@ -244,7 +257,7 @@ class _Walk:
             # found before the Objects ahead of it were written, which can take long (a
             # slow consumer): an upstream FETCH may have brought it and ended meanwhile
             return True
-        pending = self.in_flight(track, span.start) if self.in_flight is not None else None
+        pending = self.in_flight(span.start) if self.in_flight is not None else None
         mine = ahead.holding(span.start)
         for fetch in (pending, mine):
             # An upstream FETCH on its way holds the span (a pull-through's, another
@@ -274,7 +287,7 @@ class _Walk:
             to = self._unknown_run_end(span, ahead.end)
         left = max(0.0, deadline - loop.time())
         job = asyncio.ensure_future(asyncio.wait_for(
-            self.upstream_fetch(track, span.start, to, left), left))
+            self.upstream_fetch(span.start, to, left), left))
         job.add_done_callback(_retrieve)
         if to != span.end:
             ahead.add(span.start, to, job)
@@ -330,5 +343,5 @@ class _Walk:
         return False
 
 
-__all__ = ["READ_BATCH", "InFlightFetch", "RangeWriter", "ServeStats", "UpstreamFetch",
+__all__ = ["READ_BATCH", "RangeFetch", "RangeInFlight", "RangeWriter", "ServedTrack",
            "serve_range"]

@@ -1,9 +1,9 @@
-"""Where a request the relay cannot answer from its cache goes, and what the relay learns
-of the namespaces it can route: its own publishers and lower relays (as the request's
-`Reach` allows), then the upstream relay; one upstream subscription per Track (§14.4),
-coalesced FETCH misses (§14.7), TRACK_STATUS, namespace subscriptions up, down to lower
-relays and to sibling workers, and what it learned of a Track's absence (served during an
-upstream outage).
+"""Where a request the relay cannot answer from its cache goes: its own publishers and lower
+relays (as the request's `Reach` allows), then the upstream relay; one upstream subscription
+per Track (§14.4), coalesced FETCH misses (§14.7), TRACK_STATUS, namespace subscriptions up
+(upstream_namespaces.py), down to lower relays and to sibling workers (what they announce is
+learned in learned.py), and what it learned of a Track's absence (served during an upstream
+outage).
 """
 
 from __future__ import annotations
@@ -47,7 +47,12 @@ from .upstream import UNREACHABLE
 from .upstream_namespaces import UpstreamNamespaces
 
 if TYPE_CHECKING:
-    from .relay import Relay
+    from relay.options import RelayOptions
+
+    from .counters import Counters
+    from .learned import LearnedNamespaces
+    from .namespaces import NamespaceTable
+    from .upstream import UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
 
@@ -87,17 +92,27 @@ def _fill_timeout(src: MoqtSession, budget: float) -> int | None:
     return int(budget * 1000) if runs_this_code(src) else None
 
 
+def is_tree_relay(session: MoqtSession) -> bool:
+    """A lower relay of this tree (it says so in SETUP): what it announces is learned
+    namespace by namespace (``Routing.follow_child``), not routed by its prefix."""
+    return session.peer_implementation == RELAY_IMPLEMENTATION
+
+
 class Routing:
-    def __init__(self, relay: Relay) -> None:
-        self.relay = relay
+    def __init__(self, namespaces: NamespaceTable, learned: LearnedNamespaces,
+                 counters: Counters, options: RelayOptions,
+                 upstream: UpstreamLink | None) -> None:
+        self.namespaces = namespaces
+        self.learned_namespaces = learned
+        self.counters = counters
+        self.options = options
+        self.upstream = upstream
+        self.siblings: set[MoqtSession] = set()  # sessions to sibling workers and peers
         self._fetches: dict[tuple[FullTrackName, Location, Location, Reach],
                             asyncio.Future[bool]] = {}
         # SUBSCRIBE_NAMESPACE upstream, held while local listeners need them
         self.upstream_namespaces: UpstreamNamespaces | None = \
-            UpstreamNamespaces(self, relay.upstream) if relay.upstream is not None else None
-        # learned namespaces kept discoverable while Objects of them are held here (their
-        # source gone, or nobody here following it any more)
-        self._kept_ns: dict[TrackNamespace, PublisherEntry] = {}
+            UpstreamNamespaces(learned, upstream) if upstream is not None else None
         # lower relays' sessions and the prefixes followed on each (SUBSCRIBE_NAMESPACE down)
         self._children: dict[MoqtSession, dict[TrackNamespace, Any]] = {}
         # Tracks a source answered DOES_NOT_EXIST for (bounded): what the relay learned of a
@@ -108,53 +123,39 @@ class Routing:
     def session_closed(self, session: MoqtSession) -> None:
         self._children.pop(session, None)
 
-    def sweep_kept(self) -> None:
-        """Kept namespaces of which the registry holds nothing any more are done."""
-        for ns in [ns for ns in self._kept_ns if not self._holds(ns)]:
-            self.relay.namespaces.remove_publisher(self._kept_ns.pop(ns))
-
-    def forget_kept_namespace(self, namespace: TrackNamespace) -> None:
-        """A purge took what was kept of a namespace whose source has gone."""
-        self._kept_ns.pop(namespace, None)
-
-    def _holds(self, namespace: TrackNamespace) -> bool:
-        """Objects of a Track of ``namespace`` are cached here (memory or LMDB)."""
-        return any(t.largest() is not None
-                   for t in self.relay.tracks_by_namespace.get(namespace, {}).values())
-
     def sources(self, namespace: TrackNamespace, reach: Reach = Reach.ALL) -> list[Any]:
         found: list[Any] = []
-        for e in self.relay.namespaces.publishers_for(namespace):
+        for e in self.namespaces.publishers_for(namespace):
             src = e.source
             if src is CACHE or getattr(src, "closed", False) or src in found:
                 continue
             if (reach is Reach.OWN and e.upstream) or \
-                    (reach is Reach.NO_SIBLINGS and src in self.relay.siblings):
+                    (reach is Reach.NO_SIBLINGS and src in self.siblings):
                 continue
             found.append(src)
         return found
 
     def not_sibling(self, entry: PublisherEntry) -> bool:
         """What a sibling worker may learn from this one: not what it learned from a sibling."""
-        return entry.source not in self.relay.siblings
+        return entry.source not in self.siblings
 
     def add_sibling(self, session: MoqtSession, nsub: Any) -> None:
         """A session to a sibling worker and its namespace subscription: what it announces
         becomes routable there, until either ends."""
-        self.relay.siblings.add(session)
+        self.siblings.add(session)
         session.spawn(self._follow_sibling(session, nsub), "sibling-namespaces")
 
     async def _follow_sibling(self, session: MoqtSession, nsub: Any) -> None:
         try:
-            await self.follow_namespaces(nsub, session)
+            await self.learned_namespaces.follow(nsub, session)
         finally:
-            self.relay.siblings.discard(session)
+            self.siblings.discard(session)
 
     async def _upstream_session(self) -> MoqtSession | None:
         """Where a request goes up: a session of the link with a stream left for it."""
-        if self.relay.upstream is None:
+        if self.upstream is None:
             return None
-        return await self.relay.upstream.for_request()
+        return await self.upstream.for_request()
 
     async def _all_sources(self, track: RelayTrack, reach: Reach = Reach.ALL
                            ) -> list[MoqtSession]:
@@ -201,7 +202,7 @@ class Routing:
                 try:
                     sub = await asyncio.wait_for(
                         src.subscribe(track.full_name.namespace, track.full_name.name, params),
-                        self.relay.options.default_fill_timeout)
+                        self.options.default_fill_timeout)
                 except RequestRejected as e:
                     last = e
                     self.learned(track, e)
@@ -210,7 +211,7 @@ class Routing:
                     last = self._unanswered("SUBSCRIBE", track, e)
                     continue
                 self.learned(track, None, src)
-                self.relay.counters.upstream_subscriptions += 1
+                self.counters.upstream_subscriptions += 1
                 track.attach_upstream(sub)
                 src.spawn(track.ingest(sub), "ingest")
                 return None
@@ -227,11 +228,11 @@ class Routing:
         learned), whether or not anyone here still follows the upstream's namespaces."""
         if e is None:
             self._absent.pop(track.full_name, None)
-            up = self.relay.upstream
-            if source is not None and (source in self.relay.siblings or
+            up = self.upstream
+            if source is not None and (source in self.siblings or
                                        (up is not None and up.owns(source))):
-                self._keep(track.full_name.namespace)
-        elif e.code == RequestErrorCode.DOES_NOT_EXIST and self.relay.upstream is not None:
+                self.learned_namespaces.keep(track.full_name.namespace)
+        elif e.code == RequestErrorCode.DOES_NOT_EXIST and self.upstream is not None:
             # only used while an upstream is unreachable (in_outage): a relay without one
             # keeps no per-request memory of refusals
             self._absent[track.full_name] = True
@@ -257,7 +258,7 @@ class Routing:
     def unreachable_error(self) -> RequestRejected | None:
         """The refusal of a request only the upstream relay could answer while it is
         unreachable: TIMEOUT, never DOES_NOT_EXIST (the Track may well exist up there)."""
-        if self.relay.upstream is None or not self.relay.upstream.unreachable:
+        if self.upstream is None or not self.upstream.unreachable:
             return None
         return RequestRejected(RequestErrorCode.TIMEOUT, UNREACHABLE)
 
@@ -330,7 +331,7 @@ class Routing:
                                        Params(location_filter=lf,
                                               group_order=GroupOrder.ASCENDING,
                                               fill_timeout=_fill_timeout(src, budget)))
-                self.relay.counters.upstream_fetches += 1
+                self.counters.upstream_fetches += 1
                 self.learned(track, None, src)
                 if resp.end_location is not None and resp.end_location.object != OBJECT_MAX:
                     # End Location is at most the responder's Largest Object (§7.10) —
@@ -340,7 +341,7 @@ class Routing:
                 spans = MarkerSpans(start)
                 async for ev in resp:
                     if isinstance(ev, ReceivedObject):
-                        self.relay.counters.upstream_fetched_objects += 1
+                        self.counters.upstream_fetched_objects += 1
                         skipped = spans.gap_before(ev.location)
                         spans.object(ev.location)
                         track.append_fetched(stored_object(ev))
@@ -385,7 +386,7 @@ class Routing:
             try:
                 ok = await asyncio.wait_for(
                     src.track_status(track.full_name.namespace, track.full_name.name),
-                    self.relay.options.default_fill_timeout)
+                    self.options.default_fill_timeout)
             except RequestRejected as e:
                 log.info("upstream TRACK_STATUS for %r refused: %s", track, e)
                 self.learned(track, e)
@@ -401,10 +402,7 @@ class Routing:
             return None
         return err
 
-    def is_tree_relay(self, session: MoqtSession) -> bool:
-        """A lower relay of this tree (it says so in SETUP): what it announces is learned
-        namespace by namespace (``follow_child``), not routed by its prefix."""
-        return session.peer_implementation == RELAY_IMPLEMENTATION
+    is_tree_relay = staticmethod(is_tree_relay)
 
     def follow_child(self, session: MoqtSession, prefix: TrackNamespace,
                      admit: Callable[[TrackNamespace], bool]) -> Callable[[], None]:
@@ -435,85 +433,20 @@ class Routing:
         while not session.closed:
             try:
                 nsub = await asyncio.wait_for(session.subscribe_namespace(prefix),
-                                              self.relay.options.default_fill_timeout)
+                                              self.options.default_fill_timeout)
             except (RequestRejected, SessionFailure, LinkError, TimeoutError) as e:
                 log.info("lower relay's namespaces under %s not followed yet: %s",
                          format_namespace(prefix), reason_of(e))
             else:
                 pause = RETRY_FIRST
                 try:
-                    await self.follow_namespaces(nsub, session, upstream=False, admit=admit)
+                    await self.learned_namespaces.follow(nsub, session, upstream=False, admit=admit)
                 finally:
                     nsub.cancel()
             if session.closed:
                 return
             await asyncio.sleep(pause)  # a back-off timer: nothing to wait on
             pause = min(pause * 2, RETRY_MAX)
-
-    async def follow_namespaces(self, nsub: Any, source: MoqtSession, *,
-                                upstream: bool = True,
-                                entries: dict[TrackNamespace, PublisherEntry] | None = None,
-                                handed: set[TrackNamespace] | None = None,
-                                admit: Callable[[TrackNamespace], bool] | None = None,
-                                caught_up: Callable[[], None] | None = None) -> None:
-        """What a namespace subscription to ``source`` announces is routable there, until
-        withdrawn or the subscription ends. ``upstream``: learned from the upstream relay or
-        a sibling worker (not this relay's own, see PublisherEntry). ``entries``: the
-        caller's record of what was learned (it may take them over, UpstreamNamespaces);
-        ``handed``: entries taken over from another subscription, kept as they are when
-        announced again; ``admit``: which namespaces may be learned at all; ``caught_up``:
-        called once what came with the subscription's REQUEST_OK is in the table."""
-        if entries is None:
-            entries = {}
-        table = self.relay.namespaces
-        if caught_up is not None and not nsub.queued():
-            caught_up()
-            caught_up = None
-        try:
-            async for ev in nsub:
-                ns = ev.namespace
-                if ev.active:
-                    if handed is not None and ns in handed:
-                        handed.discard(ns)  # announced again: the entry taken over stays
-                        continue
-                    if ns in entries:
-                        continue
-                    if admit is not None and not admit(ns):
-                        continue
-                    e = PublisherEntry(ns, source, upstream=upstream)
-                    entries[ns] = e
-                    table.add_publisher(e)
-                else:
-                    e2 = entries.pop(ns, None)
-                    if handed is not None:
-                        handed.discard(ns)
-                    if e2 is not None:
-                        table.remove_publisher(e2)
-                if caught_up is not None and not nsub.queued():
-                    caught_up()
-                    caught_up = None
-        except SessionFailure:
-            pass
-        finally:
-            for e in list(entries.values()):
-                self.drop_learned(e)
-            entries.clear()
-
-    def drop_learned(self, e: PublisherEntry) -> None:
-        """A learned namespace's source no longer offers it. If it was learned from above
-        and this relay holds Objects of it, it stays discoverable and served (kept)."""
-        if e.upstream and self._holds(e.namespace):
-            self._keep(e.namespace)
-        self.relay.namespaces.remove_publisher(e)
-
-    def _keep(self, namespace: TrackNamespace) -> None:
-        """Discoverable here as learned, until the registry forgets its last Track (sweep).
-        Still learned, not this relay's own: never announced upward, or the upstream (once
-        back) would route requests for it down here while this relay asks up for the same
-        Track; never a route either (the cache serves what it holds)."""
-        if namespace not in self._kept_ns:
-            kept = self._kept_ns[namespace] = PublisherEntry(namespace, CACHE, upstream=True)
-            self.relay.namespaces.add_publisher(kept)
 
 
 __all__ = ["Routing"]

@@ -27,7 +27,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from relay.moqt.messages import Setup
 from relay.session import (
@@ -41,9 +41,6 @@ from relay.session import (
 from relay.session.errors import SessionClosed, SessionFailure
 
 from .upstream import BACKOFF_FIRST, BACKOFF_MAX  # a failed peer link is dialled as one up
-
-if TYPE_CHECKING:
-    from .relay import Relay
 
 log = logging.getLogger("kvcs.relay")
 
@@ -72,14 +69,20 @@ def read_worker_files(run_dir: Path) -> dict[int, dict[str, Any]]:
     return found
 
 
+class SiblingRouter(Protocol):
+    """Where a sibling link is handed once up (``Routing.add_sibling``, through `Relay`)."""
+
+    def add_sibling(self, session: MoqtSession, nsub: Any) -> None: ...
+
+
 class SiblingLinks:
     """One relay's sessions to its siblings: workers found in a run directory
     (:meth:`watch_workers`), peer relays at fixed URLs (:meth:`keep_peers`), or both."""
 
-    def __init__(self, relay: Relay, *, config: SessionConfig, settings: QuicSettings,
+    def __init__(self, router: SiblingRouter, *, config: SessionConfig, settings: QuicSettings,
                  connect_timeout: float, ca_file: str | os.PathLike[str] | None = None,
                  insecure: bool = False) -> None:
-        self.relay = relay
+        self.router = router
         # SETUP says whose sibling session it is (see the module docstring)
         self.config = config
         self.settings = settings
@@ -162,7 +165,7 @@ class SiblingLinks:
                 await session.aclose()
             return False
         try:
-            self.relay.routing.add_sibling(session, nsub)
+            self.router.add_sibling(session, nsub)
             self.linked.add(url)
             log.info("linked to %s", what)
             code, reason = await session.wait_closed()

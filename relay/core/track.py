@@ -9,6 +9,7 @@ store and out to Forwarders as opaque buffers (§14.9).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,8 +46,8 @@ from storage.interface import (
 
 from . import cache
 from .cache import status_object, stored_object
-from .counters import Counters
-from .range_serve import InFlightFetch, RangeWriter, ServeStats, UpstreamFetch, serve_range
+from .counters import Counters, ServeStats
+from .range_serve import RangeWriter, serve_range
 from .scheduler import DEFAULT_PUBLISHER_PRIORITY
 from .spans import MarkerSpans, Spans
 
@@ -56,6 +57,12 @@ if TYPE_CHECKING:
     from .forwarder import Forwarder
 
 log = logging.getLogger("kvcs.relay")
+
+# (track, start, end, budget): upstream FETCH of [start, end] with ``budget`` seconds of the
+# request's FILL_TIMEOUT left (Routing.fetch_upstream)
+UpstreamFetch = Callable[["RelayTrack", Location, Location, float], Awaitable[bool]]
+# The upstream FETCH on its way for a Track whose range holds a Location, if any (Routing).
+InFlightFetch = Callable[["RelayTrack", Location], "asyncio.Future[Any] | None"]
 
 # Upstream PUBLISH_DONE codes passed through downstream as they are (§14.4); the others are
 # about the relay's own upstream subscription and become INTERNAL_ERROR.
@@ -369,8 +376,10 @@ class RelayTrack:
                           in_flight: InFlightFetch | None = None) -> ServeStats:
         """Write every Object of [start, end] the cache holds or can obtain (see
         ``range_serve.serve_range``)."""
-        return await serve_range(self, writer, start, end, order, flt, budget, upstream_fetch,
-                                 in_flight_wait, in_flight)
+        return await serve_range(
+            self, writer, start, end, order, flt, budget,
+            functools.partial(upstream_fetch, self), in_flight_wait,
+            functools.partial(in_flight, self) if in_flight is not None else None)
 
     def may_come_live(self, span: Span) -> bool:
         """Objects of ``span`` may still arrive on an upstream subscription: not if each one

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relay.moqt.codes import ParameterType, PublishDoneCode, RequestErrorCode
 from relay.moqt.params import Params
@@ -41,7 +41,10 @@ from .forwarder import Forwarder
 from .track import RelayTrack
 
 if TYPE_CHECKING:
-    from .handler import RelayHandler
+    from .announce import AnnouncedAuthority
+    from .auth import Authorizer
+    from .parts import RelayParts
+    from .scheduler import SessionScheduler
 
 log = logging.getLogger("kvcs.relay")
 
@@ -59,10 +62,26 @@ def track_properties_pass(filters: Any, track: RelayTrack) -> bool:
     return not groups or any(groups.values())
 
 
+class OfferingHandler(Protocol):
+    """What a SUBSCRIBE_TRACKS uses of its session's handler (handler.py's RelayHandler)."""
+
+    relay: RelayParts
+    subscribing: dict[FullTrackName, int]  # Tracks its SUBSCRIBEs are for: not offered
+    track_offers: list[TrackOffers]  # the session's SUBSCRIBE_TRACKS, while they live
+
+    @property
+    def auth(self) -> Authorizer | AnnouncedAuthority: ...
+
+    def scheduler(self, session: MoqtSession) -> SessionScheduler: ...
+
+    async def _on_update(self, track: RelayTrack, served: Any, fwd: Forwarder, msg: Any
+                         ) -> Params: ...
+
+
 class TrackOffers:
     """One SUBSCRIBE_TRACKS of one downstream session, while it lives."""
 
-    def __init__(self, handler: RelayHandler, req: IncomingSubscribeTracks,
+    def __init__(self, handler: OfferingHandler, req: IncomingSubscribeTracks,
                  tokens: list[bytes]) -> None:
         self.handler = handler
         self.relay = handler.relay
@@ -78,16 +97,16 @@ class TrackOffers:
         """Every Track under the prefix the relay knows: its registry, then LMDB (what a
         restart left there is loaded into the registry as FETCH would)."""
         relay, prefix = self.relay, self.req.prefix
-        for ns, tracks in list(relay.tracks_by_namespace.items()):
+        for ns, tracks in list(relay.registry.by_namespace.items()):
             if namespace_matches_prefix(ns, prefix):
                 yield from list(tracks.values())
-        durable = relay.store.durable
+        durable = relay.registry.store.durable
         if durable is not None:
             for ns, name in durable.tracks():
                 full = FullTrackName(tuple(ns), bytes(name))
                 if namespace_matches_prefix(full.namespace, prefix) and \
-                        full not in relay.tracks:
-                    yield relay.track(full)
+                        full not in relay.registry.tracks:
+                    yield relay.registry.track(full)
 
     def _offerable(self, track: RelayTrack) -> bool:
         name = track.full_name
@@ -125,7 +144,7 @@ class TrackOffers:
     async def run(self) -> None:
         req = self.req
         req.on_update = self._check_update
-        self.relay.track_listeners.add(self._available)
+        self.relay.registry.listeners.add(self._available)
         prefix = req.prefix
         try:
             await req.accept()
@@ -158,7 +177,7 @@ class TrackOffers:
                         self.offered.add(track.full_name)
                         self.session.spawn(self._publish(track), "publish-track")
         finally:
-            self.relay.track_listeners.discard(self._available)
+            self.relay.registry.listeners.discard(self._available)
 
     async def _publish(self, track: RelayTrack) -> None:
         """PUBLISH ``track`` downstream and serve that subscription to its end. A subscriber

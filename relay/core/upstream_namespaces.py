@@ -25,7 +25,7 @@ bounded number of them (qh3: 100). So they are held only while a local listener 
 - **Followed across outages.** While listeners remain, a lost upstream session is
   subscribed again on the next one.
 
-What the upstream announces becomes routable there (Routing.follow_namespaces), as learned,
+What the upstream announces becomes routable there (LearnedNamespaces.follow), as learned,
 never as this relay's own.
 """
 
@@ -43,7 +43,7 @@ from relay.session.errors import SessionFailure
 from .namespaces import PublisherEntry
 
 if TYPE_CHECKING:
-    from .routing import Routing
+    from .learned import LearnedNamespaces
     from .upstream import UpstreamLink
 
 log = logging.getLogger("kvcs.relay")
@@ -98,8 +98,8 @@ class _Subscription:
 
 
 class UpstreamNamespaces:
-    def __init__(self, routing: Routing, link: UpstreamLink) -> None:
-        self.routing = routing
+    def __init__(self, learned: LearnedNamespaces, link: UpstreamLink) -> None:
+        self.learned = learned
         self.link = link
         self._subs: dict[TrackNamespace, _Subscription] = {}
         # holding (or asking for) an upstream stream now, oldest first
@@ -147,7 +147,7 @@ class UpstreamNamespaces:
             self._cancel(sub)
         elif sub.frozen:  # its last listener gone: what it had announced goes too
             for entry in sub.entries.values():
-                self.routing.drop_learned(entry)
+                self.learned.drop(entry)
             sub.entries.clear()
 
     async def _hold(self, sub: _Subscription, up: MoqtSession) -> None:
@@ -230,9 +230,8 @@ class UpstreamNamespaces:
                 try:
                     # answered once what came with the upstream's REQUEST_OK (the namespaces
                     # it knew then, §7.13) is in the table: a listener answered now has it
-                    await self.routing.follow_namespaces(nsub, up, entries=sub.entries,
-                                                         handed=sub.handed,
-                                                         caught_up=lambda: self._caught_up(sub))
+                    await self.learned.follow(nsub, up, entries=sub.entries, handed=sub.handed,
+                                          caught_up=lambda: self._caught_up(sub))
                 finally:
                     nsub.cancel()
                     sub.established = False
@@ -251,7 +250,7 @@ class UpstreamNamespaces:
         for ns in list(sub.handed):
             entry = sub.entries.pop(ns, None)
             if entry is not None:
-                self.routing.drop_learned(entry)
+                self.learned.drop(entry)
         sub.handed.clear()
 
 

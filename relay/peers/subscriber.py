@@ -49,10 +49,10 @@ from relay.kvcs.errors import KvcsError
 from relay.kvcs.identifiers import block_keys, scope_id
 from relay.kvcs.namespace import KvcsNamespace, content_prefix
 from relay.kvcs.track_names import MANIFEST_COSE
-from relay.moqt.codes import RequestErrorCode
+from relay.moqt.codes import RequestErrorCode, SessionErrorCode
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
-from relay.session import MoqtSession, RequestRejected, SessionFailure
+from relay.session import MoqtSession, RequestRejected, SessionClosed, SessionFailure
 from relay.transport import TransportError
 
 from .completed import PublicationGone, fetch_manifest, retrieve_completed
@@ -164,6 +164,16 @@ class _Sessions:
             return None
         return s
 
+    def broken(self) -> dict[str, str]:
+        """Relays whose session ended with an error code (a protocol violation either side
+        found, the relay closing it): what they did not answer is unknown, not absent."""
+        out = {}
+        for url, s in self.open.items():
+            info = s.close_info
+            if s.closed and info is not None and info[0] != SessionErrorCode.NO_ERROR:
+                out[url] = str(SessionClosed(*info))
+        return out
+
     async def fetching(self, url: str, session: MoqtSession, n: int) -> list[MoqtSession]:
         """``session`` and up to ``n - 1`` more connections to ``url`` for FETCHes (fewer
         if some cannot be made: the FETCHes then share those that exist)."""
@@ -230,6 +240,11 @@ async def retrieve(opts: RetrieveOptions) -> Retrieval:
                         "; ".join(f"relay {u}: {r}" for u, r in sessions.unreachable.items()) +
                         "); whether a publication exists is unknown: retry later or use "
                         "another relay")
+                broken = sessions.broken()
+                if broken and len(broken) + len(sessions.failed) == len(opts.access.urls):
+                    # e.g. a relay that broke the session (issue 36: aiomoqt's relay ended
+                    # a fill with an End of Range marker our parser rejects), not "not found"
+                    raise PeerError("; ".join(f"relay {u}: {r}" for u, r in broken.items()))
                 raise NotFound("no publication of this prompt's prefix on any relay")
             if not state.complete:
                 await _recover(opts, state, sessions, found, primary_url)

@@ -21,6 +21,17 @@ are handled here, each written down in ``docs/transport.md``:
   they were lost, and a server spent its budget on them, so a handshake after a lost first
   Initial never completed. ``_poll_datagrams`` polls the core itself and keeps them.
 
+* Address validation: the core credits a client's datagram toward the anti-amplification
+  limit (RFC 9000 8.1: 3x what the client sent) by the QUIC packets in it, not by the whole
+  datagram. A client that pads its first Initial datagram to 1200 bytes with bytes after the
+  packet (picoquic: a 307-byte Initial packet and 945 zero bytes) gets a server flight of
+  3 x 307 = 921 bytes: the ServerHello alone, in an Initial datagram shorter than 1200 bytes,
+  which picoquic discards (RFC 9000 14.1), and the handshake only ends, if ever, once enough
+  of its retransmissions have raised the budget (never while the relay is busy). Such a
+  client is sent a Retry instead (``_Qh3Server``): its second Initial carries the token, the
+  path is validated, and no limit applies. Clients whose Initial packet fills the datagram
+  (aioquic, qh3, moq-rs) are never asked to retry.
+
 The few private members read (``_core``, ``_remote_addr``, ``_close_event``,
 ``_remote_max_datagram_frame_size``, ``H3Connection._stream``) are listed in
 ``PRIVATE_MEMBERS`` and checked by ``tests/transport/test_transport_backend.py``.
@@ -28,15 +39,19 @@ The few private members read (``_core``, ``_remote_addr``, ``_close_event``,
 
 from __future__ import annotations
 
+import os
 import ssl
 from typing import Any
 
+from qh3._hazmat import pull_quic_header
 from qh3.asyncio.server import QuicServer
 from qh3.h3 import events as h3_events
 from qh3.h3.connection import H3Connection
 from qh3.quic import events
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection, QuicConnectionError
+from qh3.quic.packet import QuicPacketType, encode_quic_retry
+from qh3.quic.retry import QuicRetryTokenHandler
 
 from .backend import UnreadBytes, aioquic_shaped
 from .config import QuicSettings
@@ -49,7 +64,8 @@ PRIVATE_MEMBERS_H3 = ("_stream",)
 # What qh3's core lets a peer open at once (bidirectional, unidirectional), whatever the
 # settings say; it returns one credit per closed stream.
 QH3_PEER_STREAMS = (100, 103)
-PRIVATE_MEMBERS_SERVER = ("_protocols",)
+PRIVATE_MEMBERS_SERVER = ("_protocols", "_retry", "_transport", "_configuration")
+MIN_INITIAL_DATAGRAM = 1200  # RFC 9000 14.1
 
 
 class Qh3View:
@@ -177,6 +193,66 @@ def _receive_gro(quic: QuicConnection, buffer: bytes, segment: int, addr: Any, n
     quic._drain_core()
 
 
+class _Qh3Server(QuicServer):
+    """qh3's server, sending a Retry to a new client whose first Initial packet is shorter
+    than the smallest Initial datagram (padded after the packet): the core would count only
+    the packet toward the anti-amplification limit (module doc). Every other datagram goes
+    through qh3's own handling, without Retry."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._tokens: QuicRetryTokenHandler | None = None  # its RSA key made on first use
+
+    def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        assert isinstance(data, bytes)
+        header = _new_initial(self, data)
+        if header is None:
+            super().datagram_received(data, addr)
+            return
+        _version, _t, _l, dcid, scid, token, *_rest, end = header
+        tokens = self._tokens
+        if token and tokens is not None:
+            try:
+                tokens.validate_token(addr, token)
+            except ValueError:
+                pass  # not our Retry's (a NEW_TOKEN, another server's): ignored, as qh3 does
+            else:
+                # qh3 takes it from here: it validates the token again and creates the
+                # connection with the Retry's connection IDs, its path validated
+                self._retry = tokens
+                try:
+                    super().datagram_received(data, addr)
+                finally:
+                    self._retry = None
+                return
+        if end >= MIN_INITIAL_DATAGRAM:
+            super().datagram_received(data, addr)
+            return
+        if tokens is None:
+            tokens = self._tokens = QuicRetryTokenHandler()
+        retry_cid = os.urandom(self._configuration.connection_id_length)
+        self._transport.sendto(encode_quic_retry(
+            version=header[0], source_cid=retry_cid, destination_cid=scid,
+            original_destination_cid=dcid,
+            retry_token=tokens.create_token(addr, dcid, retry_cid)), addr)
+
+
+def _new_initial(server: QuicServer, data: bytes) -> tuple[Any, ...] | None:
+    """The header fields of ``data`` if it is an Initial that would open a connection at
+    ``server`` (qh3's own conditions), else None."""
+    config = server._configuration
+    if len(data) < MIN_INITIAL_DATAGRAM or not data[0] & 0x80:
+        return None
+    try:
+        header = pull_quic_header(data, 0, config.connection_id_length)
+    except ValueError:
+        return None
+    if (header[1] != QuicPacketType.INITIAL or header[3] in server._protocols
+            or header[0] not in config.supported_versions):
+        return None
+    return tuple(header)
+
+
 def _trust(config: QuicConfiguration, ca_file: str) -> None:
     """qh3 takes only CA certificates as trust anchors, so a CA file holding one
     self-signed server certificate (what ``kvcs relay`` makes by default) is pinned by its
@@ -193,7 +269,7 @@ def _trust(config: QuicConfiguration, ca_file: str) -> None:
 
 BACKEND = aioquic_shaped(
     "qh3", configuration_class=QuicConfiguration, connection_class=QuicConnection,
-    server_class=QuicServer, h3_class=H3Connection, events=events, h3_events=h3_events,
+    server_class=_Qh3Server, h3_class=H3Connection, events=events, h3_events=h3_events,
     view=Qh3View,
     receive_many=_receive_many, receive_gro=_receive_gro,
     poll_datagrams=_poll_datagrams, closed_error=QuicConnectionError, trust=_trust,

@@ -28,7 +28,7 @@ from relay.kvcs.errors import CompatMismatchError
 from relay.kvcs.namespace import KvcsNamespace
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor
-from relay.peers.errors import EXIT_OK, EXIT_PARTIAL, NotFound, Refused
+from relay.peers.errors import EXIT_OK, EXIT_PARTIAL, NotFound, PeerError, Refused
 from relay.peers.publisher import PublishOptions, publish_plan
 from relay.peers.subscriber import Retrieval, RetrieveOptions, retrieve
 from relay.peers.verification import ManifestRefused, ManifestVerifier
@@ -91,6 +91,26 @@ async def test_partial_prefix_fetches_exactly_n_blocks_with_objectid_filter(rela
     assert _bytes(res.k) == _bytes(c.k[:, :, :n * B])
     assert _bytes(res.v) == _bytes(c.v[:, :, :n * B])
     assert res.tokens == c.tokens[:n * B]
+
+
+async def test_a_relay_that_broke_the_session_is_not_reported_as_nothing_found(
+        relay: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36: aiomoqt's relay ended a fill with a marker our parser rejects; the session
+    closed with PROTOCOL_VIOLATION and the fetch said "no publication of this prompt's
+    prefix", which the relay never said. A session that ended with an error code is now
+    the fetch's error. (Injected: discovery finds the session closed that way.)"""
+    import relay.peers.subscriber as subscriber
+
+    async def broken_discovery(session: Any, *args: Any, **kw: Any) -> list[Any]:
+        session.close(0x3, "FIN inside an Object")
+        return []
+
+    monkeypatch.setattr(subscriber, "discover", broken_discovery)
+    c = cache(blocks=2)
+    with pytest.raises(PeerError, match=r"PROTOCOL_VIOLATION \(0x3\): FIN inside an Object") \
+            as e:
+        await _retrieve(_opts((relay,), c))
+    assert not isinstance(e.value, NotFound)
 
 
 async def test_longer_prompt_discovers_shorter_publication_and_others_find_nothing(

@@ -45,14 +45,6 @@ CASES = ("setup-only", "announce-only", "publish-namespace-done", "subscribe-err
          "rendezvous-timeout", "announce-subscribe", "subscribe-before-announce",
          "data-subgroup-basic", "subscribe-namespace-lifecycle", "namespace-discovery",
          "publish-track-only", "publish-track-subscribe")
-# Cases that need branch rdv (issue 36 items 1-3): they fail on main today and must pass once
-# it is merged; the test fails if one of them passes, so empty this at that merge.
-PENDING = {
-    "rendezvous-timeout": "RENDEZVOUS_TIMEOUT: the relay answers DOES_NOT_EXIST at once",
-    "namespace-discovery": "SUBSCRIBE_TRACKS: no PUBLISH per Track for a namespace subscriber",
-}
-# The relay's ERROR line that the same branch removes (a refused REQUEST_UPDATE, item 3).
-PENDING_ERROR = "internal error in session task publish-forward"
 _RESULT = re.compile(r"^(ok|not ok) \d+ - (\S+)")
 
 
@@ -94,8 +86,7 @@ def relay_errors(caplog: pytest.LogCaptureFixture) -> Iterator[list[str]]:
     caplog.set_level(logging.WARNING)
     found: list[str] = []
     yield found
-    found += [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR
-              and PENDING_ERROR not in r.getMessage()]
+    found += [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 # -- 1. the interop test client's 12 cases ----------------------------------------------------
@@ -120,9 +111,7 @@ async def test_aiomoqt_interop_client_passes_every_case(
         got = tap(out)
         assert set(got) == set(CASES), (transport, got, err[-2000:])
         failed = {c: v for c, v in got.items() if v != "ok"}
-        assert set(failed) - set(PENDING) == set(), (transport, failed)
-        assert set(PENDING) - set(failed) == set(), (
-            f"{transport}: now passing, remove from PENDING: {set(PENDING) - set(failed)}")
+        assert failed == {}, (transport, failed)
     assert errors == []
 
 

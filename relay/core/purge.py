@@ -89,7 +89,7 @@ async def purge(relay: Relay, prefix: TrackNamespace) -> PurgeResult:
 
 async def _stop_track(relay: Relay, name: FullTrackName) -> int:
     """End the Track's subscriptions and its upstream; forget its registry entry."""
-    track = relay.tracks.pop(name, None)
+    track = relay.registry.remove(name)
     if track is None:
         return 0
     track.stop_committing()

@@ -90,6 +90,14 @@ class TrackRegistry:
                 track.largest() is None and self.tracks.get(track.full_name) is track:
             self._forget(track)
 
+    def remove(self, name: FullTrackName) -> RelayTrack | None:
+        """Take the Track out of the registry whatever it holds (an admin purge: the caller
+        ends what it serves), by name and by namespace alike."""
+        track = self.tracks.get(name)
+        if track is not None:
+            self._forget(track)
+        return track
+
     def _forget(self, track: RelayTrack) -> None:
         name = track.full_name
         del self.tracks[name]

@@ -174,6 +174,8 @@ async def test_state_then_purge_ends_subscriptions_and_namespaces_also_after_res
         assert sorted(x["name"] for x in doc["removed"]) == ["k.raw.s0", "kv.raw.s0",
                                                             "v.raw.s0"]
         assert doc["subscriptions_ended"] == 1 and doc["namespaces_done"] == [text_a]
+        # forgotten by name and by namespace alike (SUBSCRIBE_TRACKS offers from the latter)
+        assert ns_a not in r.relay.tracks_by_namespace
         got = await asyncio.wait_for(collected, TIMEOUT)
         assert got.done is not None and got.done.status == PublishDoneCode.EXPIRED
         seen: list[tuple[tuple[bytes, ...], bool]] = []

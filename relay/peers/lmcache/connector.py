@@ -20,9 +20,10 @@ puts, gets and lookups, dialled on first use and again after a loss, and its put
 (puts.py). Nothing here raises into LMCache, which treats a connector error as a miss only in
 some paths: a lookup or a get that fails for any reason (unreachable relay, refusal, a bad
 Object) is a miss, bounded by ``timeout``. Exists and batched contains ask TRACK_STATUS of
-every key's data track at once: one round trip for the whole prefix. A batched get has the
-FETCHes of every chunk in flight together, the earlier chunks first (Subscriber Priority), each
-layer decoded straight into the buffer LMCache allocated. A put returns once its Objects are
+every key's data track at once: one round trip for the whole prefix. A batched get keeps the
+FETCHes of consecutive chunks in flight together, the earlier chunk first (Subscriber
+Priority), each layer decoded straight from the received Object into the buffer LMCache
+allocated (chunks.py). A put returns once its Objects are
 queued; its confirmation comes in a batch with the others' (puts.py).
 """
 
@@ -68,6 +69,10 @@ from .settings import SCHEME, KvcsSettings, parse_settings
 
 log = logging.getLogger("kvcs.lmcache")
 PLUGIN_TYPE = "kvcs"
+# A batched get's FETCHes in flight at once: the next chunk's is at the relay while this
+# one's Objects arrive, so no round trip falls between chunks; more would only interleave
+# the chunks on the wire (more, smaller reads: 15-20 % more CPU here for 6 at once)
+FETCHES_AHEAD = 2
 
 
 class KvcsConnectorAdapter(ConnectorAdapter):
@@ -232,14 +237,19 @@ class KvcsConnector(RemoteConnector):
         return True
 
     async def batched_get(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
-        """Every chunk's FETCH in flight together, the first chunk most urgent (Subscriber
-        Priority: the relay sends chunk i before chunk i+1, with no round trip between)."""
+        """The chunks' FETCHes in order, ``FETCHES_AHEAD`` in flight together, the earlier
+        chunk more urgent (Subscriber Priority: the relay sends chunk i before chunk i+1)."""
         session = await self._session()
         if session is None or not keys:
             return [None] * len(keys)
+        ahead = asyncio.Semaphore(FETCHES_AHEAD)
+
+        async def one(i: int, key: CacheEngineKey) -> MemoryObj | None:
+            async with ahead:
+                return await self._get(session, key, min(i, 255))
+
         got = await self._bounded(asyncio.gather(
-            *(self._get(session, k, min(i, 255)) for i, k in enumerate(keys)),
-            return_exceptions=True), session, "get")
+            *(one(i, k) for i, k in enumerate(keys)), return_exceptions=True), session, "get")
         if got is None:
             return [None] * len(keys)
         broken = [r for r in got if isinstance(r, Exception)

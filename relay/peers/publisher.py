@@ -89,7 +89,7 @@ class PublishSummary:
                 "elapsed_s": round(self.elapsed_s, 4), "confirmed": self.confirmed}
 
 
-class _RelayPush:
+class RelayPush:
     """Our PUBLISHed tracks on one relay and the subgroup stream currently open per track."""
 
     def __init__(self, url: str, session: MoqtSession) -> None:
@@ -133,11 +133,11 @@ async def publish_plan(plan: PublicationPlan, access: RelayAccess,
     if not access.urls:
         raise PeerError("no relay given")
     started = time.monotonic()
-    pushes: list[_RelayPush] = []
+    pushes: list[RelayPush] = []
     written = PublishedTracks()
     try:
         for url in access.urls:
-            pushes.append(_RelayPush(url, await connect(url, access, written)))
+            pushes.append(RelayPush(url, await connect(url, access, written)))
         tracks = [plan.manifest_track] + [t for s in plan.segments
                                           for t in plan.track_names(s.segment)]
         for p in pushes:
@@ -178,7 +178,7 @@ async def _guarded(url: str, aw: Awaitable[None]) -> None:
         raise PeerError(f"relay {url}: {e}") from None
 
 
-async def _produce(plan: PublicationPlan, pushes: list[_RelayPush], opts: PublishOptions,
+async def _produce(plan: PublicationPlan, pushes: list[RelayPush], opts: PublishOptions,
                    summary: PublishSummary, written: PublishedTracks
                    ) -> dict[str, dict[Location, bytes]]:
     """Write every Object to every relay; return the SHA-256 of each, per track."""
@@ -213,7 +213,7 @@ async def _layer_done(opts: PublishOptions, layer: tuple[int, int]) -> None:
             await result
 
 
-async def _confirm(push: _RelayPush, ns: KvcsNamespace, sent: dict[str, dict[Location, bytes]],
+async def _confirm(push: RelayPush, ns: KvcsNamespace, sent: dict[str, dict[Location, bytes]],
                    mode: str) -> None:
     for track, objects in sent.items():
         end = Location(max(loc.group for loc in objects) + 1, 0)  # End of Track
@@ -223,7 +223,7 @@ async def _confirm(push: _RelayPush, ns: KvcsNamespace, sent: dict[str, dict[Loc
             await _confirm_fetch(push, ns, track, objects, end)
 
 
-async def _confirm_status(push: _RelayPush, ns: KvcsNamespace, track: str, end: Location
+async def _confirm_status(push: RelayPush, ns: KvcsNamespace, track: str, end: Location
                           ) -> None:
     while True:
         try:
@@ -241,7 +241,7 @@ async def _confirm_status(push: _RelayPush, ns: KvcsNamespace, track: str, end: 
         await asyncio.sleep(STATUS_POLL)  # no event to wait for: the relay is polled
 
 
-async def _confirm_fetch(push: _RelayPush, ns: KvcsNamespace, track: str,
+async def _confirm_fetch(push: RelayPush, ns: KvcsNamespace, track: str,
                          objects: dict[Location, bytes], end: Location) -> None:
     # A relay may still be draining its receive queue when PUBLISH_DONE was processed, and
     # then answers with a reset (UNKNOWN_OBJECT_STATUS) or a short response: ask again,

@@ -92,9 +92,9 @@ class Side(Child):
         return got
 
     def ask(self, op: str, engine: str, tokens: list[int], *, decode: bool = False,
-            timeout: float = 60) -> dict[str, Any]:
+            timeout: float = 60, **more: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        cmd = {"op": op, "engine": engine, "tokens": tokens, "decode": decode}
+        cmd = {"op": op, "engine": engine, "tokens": tokens, "decode": decode, **more}
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
         return self.answer(timeout)

@@ -11,7 +11,14 @@ connector's ``extra_config``); a command names its engine (``"engine"``).
 - ``{"op": "retrieve", "tokens": [...], "decode": bool}``: ``lookup`` then ``retrieve``
   through LMCache; answers how many tokens came back, their KV's SHA-256, and with
   ``decode`` the decode check: the next-token logits computed on the retrieved cache and
-  those of a local prefill in the same pass shapes.
+  those of a local prefill in the same pass shapes. LMCache's local CPU tier is emptied
+  first, so the chunks come from the relay every time.
+- ``{"op": "puts", "n": N}``: a new connector of the engine's configuration, on the engine's
+  own loop, takes N chunks of random bytes as LMCache's RemoteBackend hands them over (one
+  ``put`` each, all submitted at once from this thread), then gets them back in one
+  ``batched_get``; answers whether each came back bit for bit and the connector's stats.
+
+Every answer carries the engine's connector's ``stats`` (sessions opened, puts).
 
 Prefills run in two passes, the full chunks then the rest, so that the retrieving side
 (which computes the rest on top of the retrieved chunks) repeats the storing side's last pass
@@ -28,6 +35,7 @@ os.environ["DO_NOT_TRACK"] = "1"
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import sys
@@ -111,6 +119,49 @@ class Side:
         backend = self.lmc.storage_manager.storage_backends["RemoteBackend-kvcs"]
         return backend.connection._connector, backend.loop
 
+    def puts(self, n: int) -> dict[str, Any]:
+        """N chunks through a connector of their own: put as RemoteBackend puts, get back.
+        Its chunks have 2 layers (49 KiB), not the model's 30: what is tested is how puts
+        share a session, and the test relay runs on aioquic."""
+        from lmcache.utils import CacheEngineKey
+        from lmcache.v1.storage_backend.connector import CreateConnector
+
+        storage = self.lmc.storage_manager
+        cpu = storage.storage_backends["LocalCPUBackend"]
+        _, loop = self.connector()
+        backend = storage.storage_backends["RemoteBackend-kvcs"]
+        md = dataclasses.replace(backend.metadata,
+                                 kv_shape=(2, *backend.metadata.kv_shape[1:]))
+        conn = asyncio.run_coroutine_threadsafe(_create(
+            CreateConnector, backend.remote_url, loop, cpu, backend.config, md),
+            loop).result(30)
+        c = conn._connector
+        rng = np.random.default_rng(37)
+        keys = [CacheEngineKey(MODEL, 1, 0, 0xC0FFEE00 + i, torch.float32) for i in range(n)]
+        objs, shas = [], []
+        for _ in keys:
+            obj = cpu.allocate(c.meta_shapes[0], c.meta_dtypes[0], c.meta_fmt)
+            view = np.frombuffer(obj.byte_array, np.uint8, count=c.full_chunk_size_bytes)
+            view[:] = rng.integers(0, 256, view.size, dtype=np.uint8)
+            objs.append(obj)
+            shas.append(hashlib.sha256(view).hexdigest())
+        started = time.monotonic()
+        futures = [asyncio.run_coroutine_threadsafe(c.put(k, o), loop)
+                   for k, o in zip(keys, objs, strict=True)]
+        for f in futures:
+            f.result(30)
+        asyncio.run_coroutine_threadsafe(c.drain(), loop).result(30)
+        put_s = time.monotonic() - started
+        got = asyncio.run_coroutine_threadsafe(c.batched_get(keys), loop).result(30)
+        same = [g is not None and hashlib.sha256(np.frombuffer(
+            g.byte_array, np.uint8, count=c.full_chunk_size_bytes)).hexdigest() == h
+            for g, h in zip(got, shas, strict=True)]
+        stats = dict(c.stats)
+        asyncio.run_coroutine_threadsafe(c.close(), loop).result(30)
+        for o in [*objs, *(g for g in got if g is not None)]:
+            o.ref_count_down()
+        return {"bit_for_bit": same, "put_s": put_s, "puts_stats": stats}
+
     def prefill(self, tokens: list[int], split: int) -> tuple[Any, np.ndarray]:
         cache = self.model.new_cache()
         logits = self.model.run(tokens[:split], cache) if split else None
@@ -133,6 +184,9 @@ class Side:
 
     def retrieve(self, tokens: list[int], decode: bool) -> dict[str, Any]:
         layers, heads, dim = self.shape
+        # LMCache keeps what it got from the relay in its local CPU tier: emptied, so that
+        # every retrieve asks the relay
+        self.lmc.storage_manager.clear(["LocalCPUBackend"])
         t0 = time.monotonic()
         hit = int(self.lmc.lookup(tokens))
         t1 = time.monotonic()
@@ -149,6 +203,10 @@ class Side:
             out.update(_logits("logits", self.model.run(tail, cache)))
             out.update(_logits("local", self.prefill(tokens, got)[1]))
         return out
+
+
+async def _create(make: Any, *args: Any) -> Any:
+    return make(*args)  # on the loop: the connector's session lives there
 
 
 def _logits(name: str, logits: np.ndarray) -> dict[str, Any]:
@@ -180,9 +238,13 @@ def main() -> None:
             break
         side = sides[cmd["engine"]]
         started = time.monotonic()
-        got = side.store(cmd["tokens"]) if cmd["op"] == "store" \
-            else side.retrieve(cmd["tokens"], cmd.get("decode", False))
-        answer(**got, seconds=time.monotonic() - started)
+        if cmd["op"] == "puts":
+            got = side.puts(cmd["n"])
+        elif cmd["op"] == "store":
+            got = side.store(cmd["tokens"])
+        else:
+            got = side.retrieve(cmd["tokens"], cmd.get("decode", False))
+        answer(**got, seconds=time.monotonic() - started, stats=side.connector()[0].stats)
     for name in sides:
         LMCacheEngineBuilder.destroy(name)
 

@@ -127,10 +127,28 @@ def test_an_unreachable_relay_means_recompute_without_a_stall(world: World) -> N
     assert put["put_s"] < 3.5 and put["kv_sha256"] == world.stored["kv_sha256"]
 
 
+def test_twenty_pipelined_puts_share_one_session_and_land_bit_for_bit(world: World) -> None:
+    """A new connector on the engine's loop takes 20 chunks as RemoteBackend hands them over
+    (every put submitted at once, more than the puts.py window): one handshake for all of
+    them and the gets after, every put confirmed, every chunk back bit for bit."""
+    got = world.store.ask("puts", "store", [], n=20)
+    stats = got["puts_stats"]
+    assert got["bit_for_bit"] == [True] * 20, got
+    assert stats["sessions_opened"] == 1, stats
+    assert (stats["puts_published"], stats["puts_confirmed"], stats["puts_failed"]) == \
+        (20, 20, 0), stats
+
+
 def test_after_a_relay_restart_chunks_come_from_lmdb(world: World) -> None:
+    """The connector's session dies with the relay: the next use dials once, and the chunks
+    come back from the new relay's LMDB; a use after that needs no other dial."""
+    before = world.ret.ask("retrieve", "ret", PROMPT)["stats"]["sessions_opened"]
     world.relay.stop()
     started = time.monotonic()
     world.relay = Relay(world.data, port=world.relay.port)
     got = world.ret.ask("retrieve", "ret", PROMPT)
     assert (got["lookup"], got["retrieved"]) == (32, 32), time.monotonic() - started
     assert got["kv_sha256"] == world.stored["kv_sha256"]
+    again = world.ret.ask("retrieve", "ret", PROMPT)
+    assert again["retrieved"] == 32
+    assert got["stats"]["sessions_opened"] == again["stats"]["sessions_opened"] == before + 1

@@ -32,7 +32,7 @@ from relay.kvcs.payload import parse_header
 from relay.kvcs.plan import PlannedObject, PublicationPlan
 from relay.moqt.codes import ObjectStatus
 from relay.peers.connect import RelayAccess, connect
-from relay.peers.publisher import _RelayPush
+from relay.peers.publisher import RelayPush
 from relay.service import RunningRelay
 
 __all__ = ["forge", "observe_requests", "publish_gated", "tamper_relay", "wait_cached"]
@@ -85,7 +85,7 @@ async def publish_gated(plan: PublicationPlan, access: RelayAccess, gate: Gate,
                         leave: asyncio.Event) -> None:
     """Publish ``plan`` to the first relay, awaiting ``gate(obj)`` before each Object, then
     stay connected (announced, answering) until ``leave`` is set."""
-    push = _RelayPush(access.urls[0], await connect(access.urls[0], access))
+    push = RelayPush(access.urls[0], await connect(access.urls[0], access))
     try:
         tracks = [plan.manifest_track] + [t for s in plan.segments
                                           for t in plan.track_names(s.segment)]

@@ -36,8 +36,11 @@ class ChunkPlan(PublicationPlan):
     def __init__(self, buffer: np.ndarray, names: ChunkNames, scope_key: bytes) -> None:
         k, v = chunk_arrays(buffer, names)
         d = names.descriptor
+        # manifest versions at the start and the end only: nobody follows a chunk's
+        # production live, and every version is a stream and an Object more per put
         super().__init__(k, v, d, scope_key, [0] * d.block_tokens,
-                         pub_id=names.namespace.pub_id, tracks=(DATA,))
+                         pub_id=names.namespace.pub_id, tracks=(DATA,),
+                         manifest_every=d.layers)
         self.block_keys = [names.namespace.anchor_key]
         self.namespace = names.namespace
 

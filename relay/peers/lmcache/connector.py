@@ -12,15 +12,19 @@ vLLM / LMCache configuration (docs/engines.md, "LMCache")::
 
 or ``remote_url: kvcs://HOST:PORT/?ca=...&scope_key=...`` with the same plugin entries.
 
-LMCache runs every method below on its own event loop (a thread of its own) and treats a
-connector error as a miss only in some paths, so nothing here raises into LMCache: a lookup
-or a get that fails for any reason (unreachable relay, refusal, a bad Object) is a miss,
-bounded by ``timeout``, and after a failed connect the relay is not dialled again for
-``RETRY_S``, so an engine whose relay is down recomputes at once instead of waiting on every
-chunk. Exists and batched contains ask TRACK_STATUS of every key's data track at once on the
-connector's one session: one round trip for the whole prefix. A put is one publication
-(``publish_plan``, on a connection of its own), which the relay commits to LMDB once the
-track ends.
+LMCache calls the async methods below on its own event loop (a thread it owns: its storage
+threads hand each coroutine over with ``run_coroutine_threadsafe``), the sync ones
+(``exists_sync``, ``batched_contains``) from its other threads, which hand theirs to that loop
+too. So everything the connector holds lives on that one loop: its one session (link.py) for
+puts, gets and lookups, dialled on first use and again after a loss, and its puts in flight
+(puts.py). Nothing here raises into LMCache, which treats a connector error as a miss only in
+some paths: a lookup or a get that fails for any reason (unreachable relay, refusal, a bad
+Object) is a miss, bounded by ``timeout``. Exists and batched contains ask TRACK_STATUS of
+every key's data track at once: one round trip for the whole prefix. A batched get has the
+FETCHes of consecutive chunks in flight together, the next one sent while the last layers of
+this one arrive, each layer decoded straight from the received Object into the buffer LMCache
+allocated (chunks.py). A put returns once its Objects are
+queued; its confirmation comes in a batch with the others' (puts.py).
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ os.environ["DO_NOT_TRACK"] = "1"
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -54,18 +58,22 @@ from relay.moqt.codes import GroupOrder
 from relay.moqt.location_filter import LocationFilter
 from relay.moqt.params import Params
 from relay.moqt.primitives import Location
-from relay.peers.connect import connect
-from relay.peers.publisher import PublishOptions, publish_plan
 from relay.session import MoqtSession, ReceivedObject, RequestRejected
 from relay.transport.backend import set_default_backend
 
 from .chunks import ChunkPlan, LayerWriter
+from .link import RelayLink
 from .mapping import DATA_TRACK, ChunkNames, EngineShape, KeyMapper
+from .puts import ChunkPuts, ChunkServer
 from .settings import SCHEME, KvcsSettings, parse_settings
 
 log = logging.getLogger("kvcs.lmcache")
 PLUGIN_TYPE = "kvcs"
-RETRY_S = 1.0  # after a failed connect, misses without dialling for this long
+# A batched get sends the next chunk's FETCH once all but the last 1/NEXT_FETCH_AT of this
+# chunk's layers are in: its round trip overlaps their arrival, and the two chunks share the
+# wire only that long (every FETCH at once cost 15-20 % more client CPU here, in more and
+# smaller reads of chunks interleaved on the wire, for no more MiB/s)
+NEXT_FETCH_AT = 4
 
 
 class KvcsConnectorAdapter(ConnectorAdapter):
@@ -100,62 +108,47 @@ class KvcsConnector(RemoteConnector):
         self.mapper = KeyMapper(settings.scope_key,
                                 EngineShape(layers, kv_heads, head_dim, chunk))
         self.layers = int(layers)
-        self._session: MoqtSession | None = None
-        self._dialling = asyncio.Lock()
-        self._down_until = 0.0
-        self._puts: set[asyncio.Task[Any]] = set()
+        server = ChunkServer()
+        self.link = RelayLink(settings, server)
+        self.puts = ChunkPuts(self.link, server, settings.timeout)
+        self._putting: set[asyncio.Task[Any]] = set()  # put calls still before their puts
 
-    # -- names and the session -------------------------------------------------------------------
+    @property
+    def stats(self) -> dict[str, int]:
+        """Sessions opened (one for the connector's life, plus one per loss) and puts."""
+        return {**asdict(self.link.stats), **{f"puts_{k}": v
+                                              for k, v in asdict(self.puts.stats).items()}}
 
     def names(self, key: CacheEngineKey) -> ChunkNames:
         return self.mapper.names(key.model_name, key.world_size, key.worker_id,
                                  TORCH_DTYPE_TO_STR_DTYPE[key.dtype], key.chunk_hash, key.tags)
 
-    async def _connected(self) -> MoqtSession | None:
-        """The connector's session, dialled on first use and after a loss; None while the
-        relay is unreachable (a miss, not an error)."""
-        async with self._dialling:
-            s = self._session
-            if s is not None and not s.closed:
-                return s
-            if time.monotonic() < self._down_until:
-                return None
-            self._session = None
-            try:
-                self._session = await connect(self.settings.relay_url, self.settings.access)
-            except Exception as e:
-                log.warning("KVCS relay unreachable, LMCache recomputes: %s", reason_of(e))
-            finally:
-                # also when the caller's bound cancelled the dialling
-                if self._session is None:
-                    self._down_until = time.monotonic() + RETRY_S
-            return self._session
-
-    async def _bounded(self, aw: Any, what: str) -> Any:
+    async def _bounded(self, aw: Awaitable[Any], session: MoqtSession, what: str) -> Any:
+        """``aw`` on ``session`` within ``timeout``; a failure is a miss (None), and a failure
+        other than the relay's refusal drops the session: the next call dials again instead
+        of waiting on a session that may be dead (the relay restarted, or went away)."""
         try:
             return await asyncio.wait_for(aw, self.settings.timeout)
-        except RequestRejected as e:  # the relay answered: the session is fine
+        except (RequestRejected, LookupError) as e:  # the relay answered: the session is fine
             log.debug("KVCS %s: a miss (%s)", what, e)
         except Exception as e:
-            # no answer in time, or the session broke (e.g. the relay restarted): the next
-            # call dials again instead of waiting on a session that may be dead
-            self._drop(f"{what}: {e or type(e).__name__}")
+            self.link.drop(session, f"{what}: {reason_of(e)}")
         return None
 
-    def _drop(self, reason: str) -> None:
-        log.info("KVCS session dropped, a miss (%s)", reason)
-        s, self._session = self._session, None
-        if s is not None:
-            with contextlib.suppress(Exception):
-                s.close()
+    async def _session(self) -> MoqtSession | None:
+        try:
+            return await asyncio.wait_for(self.link.session(), self.settings.timeout)
+        except TimeoutError:
+            return None
 
     # -- lookups -------------------------------------------------------------------------------
 
     async def _complete(self, keys: Sequence[CacheEngineKey]) -> list[bool]:
         """Whether each key's data track has ended at the relay (every layer held): one
-        TRACK_STATUS per key, all in flight at once."""
-        session = await self._connected()
-        if session is None or not keys:
+        TRACK_STATUS per key, all in flight at once; all False when the relay is out of
+        reach."""
+        session = await self._session() if keys else None
+        if session is None:
             return [False] * len(keys)
         end = Location(self.layers, 0)  # End of Track after the last layer's Group
 
@@ -164,32 +157,36 @@ class KvcsConnector(RemoteConnector):
             ok = await session.track_status(ns.fields, DATA_TRACK.encode())
             return bool(ok.params.largest_object == end)
 
-        got = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
+        async def every() -> list[Any]:
+            return await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
+
+        got = await self._bounded(every(), session, "lookup")
+        if got is None:
+            return [False] * len(keys)
         broken = [r for r in got if isinstance(r, Exception)
                   and not isinstance(r, RequestRejected)]
         if broken:
-            self._drop(f"lookup: {broken[0] or type(broken[0]).__name__}")
+            self.link.drop(session, f"lookup: {broken[0] or type(broken[0]).__name__}")
         return [r is True for r in got]
 
     async def exists(self, key: CacheEngineKey) -> bool:
-        found = await self._bounded(self._complete([key]), "exists")
-        return bool(found and found[0])
+        return (await self._complete([key]))[0]
 
     def exists_sync(self, key: CacheEngineKey) -> bool:
-        return self._sync(self.exists(key), False)
+        return bool(self._sync(self.exists(key), False))
 
     async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey],
                                      pin: bool = False) -> int:
-        return _prefix(await self._bounded(self._complete(keys), "contains"))
+        return _prefix(await self._complete(keys))
 
     def support_batched_contains(self) -> bool:
         return True
 
     def batched_contains(self, keys: list[CacheEngineKey]) -> int:
-        return _prefix(self._sync(self._bounded(self._complete(keys), "contains"), None))
+        return _prefix(self._sync(self._complete(keys), None))
 
     def _sync(self, coro: Any, failed: Any) -> Any:
-        """Run ``coro`` on LMCache's loop from another thread, bounded."""
+        """Run ``coro`` on LMCache's loop from another thread (LMCache's), bounded."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(self.settings.timeout + 1.0)
@@ -200,17 +197,26 @@ class KvcsConnector(RemoteConnector):
     # -- get -------------------------------------------------------------------------------------
 
     async def get(self, key: CacheEngineKey) -> MemoryObj | None:
-        return await self._bounded(self._get(key), "get")
-
-    async def _get(self, key: CacheEngineKey) -> MemoryObj | None:
-        session = await self._connected()
+        session = await self._session()
         if session is None:
             return None
+        return await self._bounded(self._get(session, key), session, "get")
+
+    async def _get(self, session: MoqtSession, key: CacheEngineKey, priority: int = 128,
+                   near_end: asyncio.Event | None = None) -> MemoryObj | None:
+        """One FETCH of the chunk's layers into a buffer LMCache allocates; ``near_end`` is
+        set once the last layers are coming (or the FETCH is over)."""
         names = self.names(key)
-        resp = await session.fetch(names.namespace.fields, DATA_TRACK.encode(), Params(
-            location_filter=LocationFilter.absolute_group_end(0, 0, self.layers - 1),
-            group_order=GroupOrder.ASCENDING))
+        try:
+            resp = await session.fetch(names.namespace.fields, DATA_TRACK.encode(), Params(
+                location_filter=LocationFilter.absolute_group_end(0, 0, self.layers - 1),
+                group_order=GroupOrder.ASCENDING, subscriber_priority=priority))
+        except BaseException:
+            if near_end is not None:
+                near_end.set()
+            raise
         obj: MemoryObj | None = None
+        near = self.layers - max(1, self.layers // NEXT_FETCH_AT)
         try:
             async for ev in resp:
                 if not isinstance(ev, ReceivedObject):
@@ -222,51 +228,107 @@ class KvcsConnector(RemoteConnector):
                         return None  # LMCache's buffer is full: a miss
                     writer = LayerWriter(_bytes_of(obj, self.full_chunk_size_bytes), names)
                 writer.write(ev.group, ev.object_id, ev.payload)
+                if near_end is not None and len(writer.layers) >= near:
+                    near_end.set()
             if obj is None or not writer.complete:
                 raise LookupError("the relay holds part of the chunk only")
             done, obj = obj, None
             return done
         finally:
-            if obj is not None:
+            if near_end is not None:
+                near_end.set()
+            if obj is not None:  # failed or cut short: the rest of the FETCH is not wanted
+                resp.cancel()
                 obj.ref_count_down()
 
     def support_batched_get(self) -> bool:
         return True
 
     async def batched_get(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
-        return list(await asyncio.gather(*(self.get(k) for k in keys)))
+        """The chunks' FETCHes in order, each sent while the last layers of the one before
+        are arriving: no round trip falls between chunks, and the chunks barely share the
+        wire (Subscriber Priority puts the earlier first where they do). LMCache reuses a
+        prefix only, so nothing is fetched past a chunk that missed. Each chunk is bounded
+        by ``timeout`` on its own."""
+        session = await self._session()
+        if session is None or not keys:
+            return [None] * len(keys)
+        tasks: list[asyncio.Future[MemoryObj | None]] = []
+        for i, key in enumerate(keys):
+            near = asyncio.Event()
+            tasks.append(asyncio.ensure_future(self._bounded(
+                self._get(session, key, min(i, 255), near), session, "get")))
+            if i + 1 == len(keys):
+                break
+            waiting = asyncio.ensure_future(near.wait())
+            await asyncio.wait({waiting, tasks[-1]}, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            if tasks[-1].done() and tasks[-1].result() is None:
+                break  # a miss: the chunks after it are of no use to LMCache
+        got = list(await asyncio.gather(*tasks))
+        return got + [None] * (len(keys) - len(got))
+
+    def support_batched_get_non_blocking(self) -> bool:
+        return True
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey]
+                                       ) -> list[MemoryObj]:
+        """The held prefix of ``keys`` (LMCache's contract), fetched as ``batched_get``."""
+        got = await self.batched_get(keys)
+        n = got.index(None) if None in got else len(got)
+        for late in got[n:]:
+            if late is not None:
+                late.ref_count_down()
+        return [g for g in got[:n] if g is not None]
 
     # -- put -------------------------------------------------------------------------------------
 
     async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
-        """Publish a full chunk once; a partial chunk (LMCache's ``save_unfull_chunk``) is
-        not stored: KVCS publishes full blocks only, and the tail is recomputed anyway."""
+        await self.batched_put([key], [memory_obj])
+
+    def support_batched_put(self) -> bool:
+        return True
+
+    async def batched_put(self, keys: Sequence[CacheEngineKey], memory_objs: Sequence[MemoryObj]
+                          ) -> None:
+        """Publish full chunks the relay does not hold yet, in order, each returning once its
+        Objects are queued (puts.py confirms them). A partial chunk (LMCache's
+        ``save_unfull_chunk``) is not stored: KVCS publishes full blocks only, and the tail is
+        recomputed anyway. Nothing is queued while the relay is unreachable."""
+        full = [(k, m) for k, m in zip(keys, memory_objs, strict=True)
+                if m.get_size() == self.full_chunk_size_bytes]
+        if not full or self.link.down:
+            return
         task = asyncio.current_task()
         if task is not None:
-            self._puts.add(task)
+            self._putting.add(task)  # drain waits for it from here on
         try:
-            if memory_obj.get_size() != self.full_chunk_size_bytes \
-                    or time.monotonic() < self._down_until:
-                return  # a partial chunk, or the relay is unreachable: dropped, not queued
-            if await self.exists(key):
-                return  # the same chunk, already published (its names are deterministic)
-            if self._session is None:
+            held = await self._complete([k for k, _ in full])
+            session = self.link.current
+            if session is None:
                 return  # the lookup could not reach the relay: no second wait to publish
-            names = self.names(key)
-            plan = ChunkPlan(_bytes_of(memory_obj, self.full_chunk_size_bytes), names,
-                             self.settings.scope_key)
-            await publish_plan(plan, self.settings.access, PublishOptions(
-                confirm=self.settings.confirm, confirm_timeout=self.settings.timeout))
+            for (key, obj), there in zip(full, held, strict=True):
+                if session.closed:
+                    return  # lost under an earlier put of this batch: the rest is dropped
+                names = self.names(key)
+                if there or self.puts.in_flight(names.namespace.pub_id):
+                    self.puts.stats.skipped += 1
+                    continue  # the same chunk, published already (its names are deterministic)
+                plan = ChunkPlan(_bytes_of(obj, self.full_chunk_size_bytes), names,
+                                 self.settings.scope_key)
+                await self.puts.put(session, plan, obj.ref_count_up, obj.ref_count_down)
         except Exception as e:
-            log.warning("KVCS put of chunk %x failed: %s", key.chunk_hash, reason_of(e))
+            log.warning("KVCS put failed: %s", reason_of(e))
         finally:
-            self._puts.discard(task)  # type: ignore[arg-type]
+            self._putting.discard(task)  # type: ignore[arg-type]
 
     async def drain(self) -> None:
-        """Wait for the puts in flight to end (close does, so a shutdown loses none)."""
-        pending = [t for t in self._puts if t is not asyncio.current_task()]
+        """Wait for the puts in flight to be confirmed (close does, so a shutdown loses
+        none)."""
+        pending = [t for t in self._putting if t is not asyncio.current_task()]
         if pending:
             await asyncio.wait(pending)
+        await self.puts.drain()
 
     # -- the rest ----------------------------------------------------------------------------------
 
@@ -277,10 +339,8 @@ class KvcsConnector(RemoteConnector):
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.drain(), self.settings.timeout)
-        s, self._session = self._session, None
-        if s is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(s.aclose(), self.settings.timeout)
+        self.puts.abort()
+        await self.link.close()
 
     def __repr__(self) -> str:
         return f"<KvcsConnector {self.settings.relay_url}>"

@@ -12,7 +12,7 @@ forms take the same settings; a URL query parameter wins over ``extra_config``:
 | ``token``      | ``kvcs.token_file``    | AUTHORIZATION_TOKEN file sent in SETUP            |
 | ``scope_key``  | ``kvcs.scope_key_file``| the scope key file (32 octets or 64 hex digits)   |
 | ``quic_backend``| ``kvcs.quic_backend`` | ``aioquic`` or ``qh3`` (default: the process's)   |
-| ``timeout``    | ``kvcs.timeout_s``     | bound on connecting and on each lookup (s)       |
+| ``timeout``    | ``kvcs.timeout_s``     | bound on connecting, each lookup, each chunk (s) |
 | ``confirm``    | ``kvcs.confirm``       | a put's check: ``status``, ``fetch``, ``none`` |
 """
 

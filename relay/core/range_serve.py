@@ -109,7 +109,7 @@ class _ReadAhead:
 
 async def serve_range(track: ServedTrack, writer: RangeWriter, start: Location, end: Location,
                       order: GroupOrder, flt: ObjectFilter | None, budget: float,
-                      upstream_fetch: RangeFetch, in_flight_wait: float = 1.0,
+                      upstream_fetch: RangeFetch, in_flight_wait: float,
                       in_flight: RangeInFlight | None = None) -> ServeStats:
     """Write every Object of [start, end] ``track``'s cache holds or can obtain, in
     ``order``, that passes the request's Range filters ``flt`` (§6.5).

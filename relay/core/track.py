@@ -372,7 +372,7 @@ class RelayTrack:
     async def serve_range(self, writer: RangeWriter, start: Location, end: Location,
                           order: GroupOrder, flt: ObjectFilter | None,
                           budget: float, upstream_fetch: UpstreamFetch,
-                          in_flight_wait: float = 1.0,
+                          in_flight_wait: float,
                           in_flight: InFlightFetch | None = None) -> ServeStats:
         """Write every Object of [start, end] the cache holds or can obtain (see
         ``range_serve.serve_range``)."""

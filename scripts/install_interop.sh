@@ -13,7 +13,8 @@
 #   build.sh tunes it for this host (-march=native), which is why it stays in this venv.
 set -euo pipefail
 
-BIN=${1:?usage: install_interop.sh VENV_BIN}
+# absolute: the build runs in a temporary directory (the Makefile passes .venv/bin)
+BIN=$(cd "${1:?usage: install_interop.sh VENV_BIN}" && pwd)
 AIOPQUIC_VERSION=0.6.1
 AIOMOQT_VERSION=0.13.3
 SORTEDCONTAINERS_VERSION=2.4.0

@@ -21,8 +21,10 @@ moq-rs concepts on the wire (checked against the relay's view of its messages):
   order and never one that arrives after a newer one; ``groups_as_arrived`` returns all.
 * a moq-rs publisher answers a SUBSCRIBE's FILL_PARAMETERS of Relative Start 1 (the
   current group) with a fill stream, and sends none for Absolute Start {0,0}.
-* ``fetch_group(name, g)`` sends a SUBSCRIBE first, then FETCH with LOCATION_FILTER 0x03
-  (Absolute Start {g, 0} + Group End, delta 0), Ascending.
+* ``fetch_group(name, g)`` sends a SUBSCRIBE first (the same as ``subscribe_track``'s),
+  then, unless that SUBSCRIBE's fill brought Group g, FETCH with LOCATION_FILTER 0x03
+  (Absolute Start {g, 0} + Group End, delta 0), Ascending. It cancels the SUBSCRIBE as soon
+  as it returns, which cuts a fill still arriving (docs/interop.md, "moq-rs").
 """
 
 from __future__ import annotations

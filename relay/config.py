@@ -34,8 +34,7 @@ from relay.options import (
     usable_cores,
 )
 from relay.session.tokens import read_token_file
-from relay.transport.config import CONGESTION_CONTROLS, MAX_DATAGRAM_SIZE_LIMIT
-from relay.transport.pathmtu import AUTO, SAFE_DATAGRAM_SIZE
+from relay.transport.config import CONGESTION_CONTROLS, parse_datagram_size
 
 
 class ConfigError(ValueError):
@@ -118,17 +117,6 @@ def _workers(v: Any) -> int:
     return n
 
 
-def _datagram_size(v: Any) -> int | str:
-    """``max_datagram_size``: "auto" or a number of bytes in [1200, 16384]."""
-    if str(v).strip().lower() == AUTO:
-        return AUTO
-    n = _int(v)
-    if not SAFE_DATAGRAM_SIZE <= n <= MAX_DATAGRAM_SIZE_LIMIT:
-        raise ValueError(f"expected auto or {SAFE_DATAGRAM_SIZE}..{MAX_DATAGRAM_SIZE_LIMIT} "
-                         f"bytes, got {v!r}")
-    return n
-
-
 def _choice(*choices: str) -> Callable[[Any], str]:
     def parse(v: Any) -> str:
         s = str(v).strip().lower()
@@ -158,7 +146,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "positive_float": _positive_float, "opt_float": _opt_float, "bool": _bool, "path": _path,
     "opt_path": _opt_path, "str_list": _str_list, "workers": _workers, "wt_path": _wt_path,
     "log_level": _log_level, "congestion_control": _choice(*CONGESTION_CONTROLS),
-    "datagram_size": _datagram_size,
+    "datagram_size": parse_datagram_size,
 }
 
 

@@ -134,6 +134,22 @@ class QuicSettings:
                              f"(choose from {', '.join(BACKENDS)})")
 
 
+def parse_datagram_size(v: object) -> int | str:
+    """A ``max_datagram_size`` as written in a flag, env or TOML value: "auto" or a number
+    of bytes in [1200, 16384]; ValueError (one line) otherwise."""
+    text = str(v).strip().lower()
+    if text == AUTO:
+        return AUTO
+    try:
+        n = int(text, 0) if isinstance(v, str) else int(v)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        n = -1
+    if isinstance(v, bool) or not SAFE_DATAGRAM_SIZE <= n <= MAX_DATAGRAM_SIZE_LIMIT:
+        raise ValueError(f"expected auto or {SAFE_DATAGRAM_SIZE}..{MAX_DATAGRAM_SIZE_LIMIT} "
+                         f"bytes, got {v!r}")
+    return n
+
+
 def datagram_size_towards(settings: QuicSettings, addr: object) -> int:
     """The ``max_datagram_size`` of a connection to ``addr``: the setting's number, or for
     ``auto`` what the route to ``addr`` allows (:func:`~relay.transport.pathmtu.

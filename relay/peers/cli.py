@@ -160,7 +160,7 @@ def _with_quic_backend(fn: Callable[..., Any]) -> Callable[..., Any]:
     of None (a receiving command's default) is :func:`receiver_backend`'s choice."""
     @functools.wraps(fn)
     def wrapper(*args: Any, quic_backend: str | None, congestion_control: str | None,
-                max_datagram_size: str | None, **kwargs: Any) -> Any:
+                max_datagram_size: str | None = None, **kwargs: Any) -> Any:
         global _congestion_control, _max_datagram_size
         if quic_backend is None:
             quic_backend = receiver_backend(congestion_control)

@@ -34,7 +34,7 @@ from relay.options import (
     usable_cores,
 )
 from relay.session.tokens import read_token_file
-from relay.transport.config import CONGESTION_CONTROLS
+from relay.transport.config import CONGESTION_CONTROLS, parse_datagram_size
 
 
 class ConfigError(ValueError):
@@ -146,6 +146,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "positive_float": _positive_float, "opt_float": _opt_float, "bool": _bool, "path": _path,
     "opt_path": _opt_path, "str_list": _str_list, "workers": _workers, "wt_path": _wt_path,
     "log_level": _log_level, "congestion_control": _choice(*CONGESTION_CONTROLS),
+    "datagram_size": parse_datagram_size,
 }
 
 

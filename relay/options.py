@@ -165,9 +165,12 @@ class RelayConfig:
         help="Seconds after which a committed Track expires from LMDB (unset: never).")
     # The transport's own default (QuicSettings), where the relay has no reason to differ
     # (a test keeps them equal)
-    max_datagram_size: int = setting(
-        1200, kind="int", unit="bytes",
-        help="UDP payload size; raise to the path MTU (e.g. 8952) on jumbo-frame paths.")
+    max_datagram_size: int | str = setting(
+        "auto", kind="datagram_size", unit="bytes",
+        see='[transport.md, "Datagram size"](transport.md#datagram-size)',
+        help="UDP payload size of the QUIC packets sent: auto (per connection, the MTU of the "
+             "route to the peer minus IP and UDP headers, up to 16384; 1200 where unknown) or "
+             "a number from 1200 to 16384 (1200: safe on any path, the switch back).")
     # "aioquic" or "qh3"; None: the process default (relay.transport.backend), which tests
     # switch to run the relay on either backend. Set from LaunchOptions.quic_backend.
     quic_backend: str | None = None

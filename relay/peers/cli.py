@@ -36,7 +36,7 @@ from relay.transport.backend import (
     get_backend,
     set_default_backend,
 )
-from relay.transport.config import CONGESTION_CONTROLS
+from relay.transport.config import CONGESTION_CONTROLS, parse_datagram_size
 
 from .connect import PEER_SETTINGS, RelayAccess
 from .engine_options import engine_options
@@ -124,12 +124,16 @@ def _access(relay: tuple[str, ...], ca: Path | None, insecure: bool, connect_ms:
     settings = PEER_SETTINGS
     if _congestion_control is not None:
         settings = dataclasses.replace(settings, congestion_control=_congestion_control)
+    if _max_datagram_size is not None:
+        settings = dataclasses.replace(settings, max_datagram_size=_max_datagram_size)
     return RelayAccess(tuple(relay), ca_file=ca, insecure=insecure, timeout=connect_ms / 1000,
                        token=value, settings=settings)
 
 
 # --congestion-control of the command running (one per process); None: QuicSettings' default
 _congestion_control: str | None = None
+# --max-datagram-size likewise: "auto", a number of bytes, or None (QuicSettings' default)
+_max_datagram_size: int | str | None = None
 
 
 def receiver_backend(congestion_control: str | None) -> str:
@@ -156,8 +160,8 @@ def _with_quic_backend(fn: Callable[..., Any]) -> Callable[..., Any]:
     of None (a receiving command's default) is :func:`receiver_backend`'s choice."""
     @functools.wraps(fn)
     def wrapper(*args: Any, quic_backend: str | None, congestion_control: str | None,
-                **kwargs: Any) -> Any:
-        global _congestion_control
+                max_datagram_size: str | None = None, **kwargs: Any) -> Any:
+        global _congestion_control, _max_datagram_size
         if quic_backend is None:
             quic_backend = receiver_backend(congestion_control)
         try:
@@ -169,6 +173,11 @@ def _with_quic_backend(fn: Callable[..., Any]) -> Callable[..., Any]:
                   "core has its own congestion control and no choice", 2)
         set_default_backend(client=quic_backend)
         _congestion_control = congestion_control
+        try:
+            _max_datagram_size = None if max_datagram_size is None \
+                else parse_datagram_size(max_datagram_size)
+        except ValueError as e:
+            _fail(f"--max-datagram-size: {e}", 2)
         return fn(*args, **kwargs)
     return wrapper
 
@@ -205,6 +214,12 @@ def relay_options(fn: Callable[..., Any], *, receives: bool = False) -> Callable
                       help=f"aioquic congestion controller (default "
                            f"{PEER_SETTINGS.congestion_control}: paces at a model of the "
                            "path, random loss does not slow it). qh3 has no choice.")(fn)
+    fn = click.option("--max-datagram-size", default=None, envvar="KVCS_MAX_DATAGRAM_SIZE",
+                      metavar="auto|BYTES",
+                      help="UDP payload size of the QUIC packets sent: auto (default: the MTU "
+                           "of the route to the relay minus IP and UDP headers, up to 16384) "
+                           "or 1200..16384 (1200: safe on any path). See docs/transport.md, "
+                           '"Datagram size".')(fn)
     fn = click.option("--token", type=click.Path(dir_okay=False, path_type=Path),
                       envvar="KVCS_TOKEN_FILE",
                       help="File holding the authorization token sent to the relays "

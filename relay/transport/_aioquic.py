@@ -19,13 +19,18 @@ from __future__ import annotations
 from typing import Any
 
 from aioquic.asyncio.server import QuicServer
+from aioquic.buffer import Buffer
 from aioquic.h3 import events as h3_events
 from aioquic.h3.connection import H3Connection
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.congestion.base import register_congestion_control
+from aioquic.quic.congestion.base import create_congestion_control, register_congestion_control
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.packet import QuicFrameType
+from aioquic.quic.packet import (
+    QuicFrameType,
+    pull_quic_transport_parameters,
+    push_quic_transport_parameters,
+)
 from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketPacer, QuicPacketRecovery
 from aioquic.quic.stream import QuicStream, QuicStreamSender
@@ -45,10 +50,11 @@ PRIVATE_MEMBERS = {
                      "_remote_max_streams_bidi", "_remote_max_streams_uni",
                      "_remote_max_data_used", "_remote_max_datagram_frame_size",
                      "_close_event", "_loss", "_on_max_stream_data_delivery", "_cryptos",
-                     "_spaces", "_probe_pending"),
+                     "_spaces", "_probe_pending", "_max_datagram_size",
+                     "_parse_transport_parameters", "_serialize_transport_parameters"),
     QuicStreamSender: ("_buffer_stop", "_reset_error_code"),
     H3Connection: ("_stream",),
-    QuicServer: ("_protocols",),
+    QuicServer: ("_protocols", "_configuration"),
     QuicPacketRecovery: ("_cc", "_pacer"),
 }
 
@@ -92,8 +98,32 @@ def use_model_pacer(quic: QuicConnection) -> None:
     adopts the connection; benchmarks on plain aioquic call it themselves)."""
     loss = quic._loss
     if isinstance(loss._cc, BbrCongestionControl) and not isinstance(loss._pacer, ModelPacer):
-        # the connection's datagram size is its configuration's (aioquic never changes it)
-        loss._pacer = ModelPacer(loss._cc, quic.configuration.max_datagram_size)
+        loss._pacer = ModelPacer(loss._cc, quic._max_datagram_size)
+
+
+def _shrink_datagrams(quic: QuicConnection, size: int) -> None:
+    """Send datagrams of at most ``size`` bytes from now on (the peer's
+    max_udp_payload_size, which aioquic itself ignores). The packet builder reads
+    ``_max_datagram_size`` for every datagram; the pacer and, while nothing is in flight (a
+    server: the client's parameters come before its first flight), the congestion
+    controller are made again for the new size. With packets in flight (a client) the
+    controller keeps its window, in bytes, as it is."""
+    quic._max_datagram_size = size
+    loss = quic._loss
+    if loss.bytes_in_flight == 0:
+        loss._cc = create_congestion_control(quic.configuration.congestion_control_algorithm,
+                                             max_datagram_size=size)
+    loss._pacer = QuicPacketPacer(max_datagram_size=size)
+    use_model_pacer(quic)
+
+
+def with_max_udp_payload_size(data: bytes, size: int) -> bytes:
+    """Encoded transport parameters ``data`` with max_udp_payload_size set to ``size``."""
+    params = pull_quic_transport_parameters(Buffer(data=data))
+    params.max_udp_payload_size = size
+    buf = Buffer(capacity=len(data) + 16)
+    push_quic_transport_parameters(buf, params)
+    return buf.data
 
 
 class CreditedQuicConnection(QuicConnection):
@@ -104,6 +134,20 @@ class CreditedQuicConnection(QuicConnection):
     credit_unaccepted: list[int]  # peer streams not yet accept()ed: [bidi, uni]
     credit_stream_window: int = 1 << 20
     credit_conn_window: int = 1 << 24
+
+    def _serialize_transport_parameters(self) -> bytes:
+        # aioquic advertises no max_udp_payload_size (65527: anything): ours is the
+        # datagram size we chose for this path, so the peer sends no larger (qh3 obeys it)
+        return with_max_udp_payload_size(super()._serialize_transport_parameters(),
+                                         self._max_datagram_size)
+
+    def _parse_transport_parameters(self, data: bytes,
+                                    from_session_ticket: bool = False) -> None:
+        super()._parse_transport_parameters(data, from_session_ticket)
+        # aioquic validates the peer's max_udp_payload_size (>= 1200) but never applies it
+        peer = pull_quic_transport_parameters(Buffer(data=data)).max_udp_payload_size
+        if peer is not None and peer < self._max_datagram_size:
+            _shrink_datagrams(self, peer)
 
     def _write_stream_limits(self, builder: QuicPacketBuilder, space: object,
                              stream: QuicStream) -> None:
@@ -225,6 +269,9 @@ class AioquicView:
 
     def peer_max_datagram_frame_size(self) -> int | None:
         return self._q._remote_max_datagram_frame_size
+
+    def datagram_size(self) -> int:
+        return self._q._max_datagram_size
 
     def peer_close(self) -> Any:
         # aioquic reports a peer's CONNECTION_CLOSE only after its draining period.

@@ -43,14 +43,20 @@ import os
 import ssl
 from typing import Any
 
-from qh3._hazmat import pull_quic_header
+from qh3 import tls as qh3_tls
+from qh3._hazmat import Buffer, pull_quic_header
 from qh3.asyncio.server import QuicServer
 from qh3.h3 import events as h3_events
 from qh3.h3.connection import H3Connection
 from qh3.quic import events
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection, QuicConnectionError
-from qh3.quic.packet import QuicPacketType, encode_quic_retry
+from qh3.quic.packet import (
+    QuicPacketType,
+    encode_quic_retry,
+    pull_quic_transport_parameters,
+    push_quic_transport_parameters,
+)
 from qh3.quic.retry import QuicRetryTokenHandler
 
 from .backend import UnreadBytes, aioquic_shaped
@@ -59,7 +65,9 @@ from .tls import pinned_self_signed
 
 PRIVATE_MEMBERS_INSTANCE = ("_core", "_remote_addr", "_close_event",
                             "_remote_max_datagram_frame_size", "_handshake_complete",
-                            "_quic_logger", "_call_core", "_drain_core", "_normalize_address")
+                            "_quic_logger", "_call_core", "_drain_core", "_normalize_address",
+                            "_configuration", "_create_tls", "_tls",
+                            "_applied_transport_parameters")
 PRIVATE_MEMBERS_H3 = ("_stream",)
 # What qh3's core lets a peer open at once (bidirectional, unidirectional), whatever the
 # settings say; it returns one credit per closed stream.
@@ -68,12 +76,39 @@ PRIVATE_MEMBERS_SERVER = ("_protocols", "_retry", "_transport", "_configuration"
 MIN_INITIAL_DATAGRAM = 1200  # RFC 9000 14.1
 
 
+class SizedQuicConnection(QuicConnection):
+    """qh3's QuicConnection advertising its own ``max_datagram_size`` as its
+    max_udp_payload_size. qh3 writes 1472 for every client (and nothing for a server)
+    whatever its configuration: a qh3 server, which obeys the peer's value, then sent a qh3
+    client at most 1472-byte datagrams even on loopback."""
+
+    def _create_tls(self, remote_source_cid: bytes | None) -> Any:
+        bridge = super()._create_tls(remote_source_cid)
+        own, size = bridge.serialize_transport_parameters, self._configuration.max_datagram_size
+
+        def serialize() -> bytes:
+            params = pull_quic_transport_parameters(Buffer(data=own()))
+            params.max_udp_payload_size = size
+            buf = Buffer(capacity=3 * max(size, MIN_INITIAL_DATAGRAM))
+            push_quic_transport_parameters(buf, params)
+            return bytes(buf.data)
+
+        # read again by the bridge when the version changes; set now for the first flight
+        bridge.serialize_transport_parameters = serialize
+        bridge.tls.handshake_extensions = [
+            (qh3_tls.ExtensionType.QUIC_TRANSPORT_PARAMETERS, serialize())]
+        return bridge
+
+
 class Qh3View:
     """qh3's answers for the endpoint (see :class:`~relay.transport.backend.QuicView`)."""
 
     __slots__ = ("_conn_window", "_q", "_stream_window", "_unread")
 
     def __init__(self, quic: QuicConnection, settings: QuicSettings) -> None:
+        # before the handshake (a server's connection exists before its first datagram is
+        # read): by class swap, as qh3's server constructs the connection itself
+        quic.__class__ = SizedQuicConnection
         self._q = quic
         self._stream_window = settings.max_stream_data
         self._conn_window = settings.max_data
@@ -116,6 +151,15 @@ class Qh3View:
 
     def peer_max_datagram_frame_size(self) -> int | None:
         return self._q._remote_max_datagram_frame_size
+
+    def datagram_size(self) -> int:
+        # the core caps its own at the peer's max_udp_payload_size (and never probes above
+        # it: probe_datagram_size is off) but does not say so: the same rule, read here
+        q = self._q
+        own = q._configuration.max_datagram_size
+        peer = q._applied_transport_parameters
+        limit = peer.max_udp_payload_size if peer is not None else None
+        return own if limit is None else min(own, max(limit, MIN_INITIAL_DATAGRAM))
 
     def peer_close(self) -> Any:
         return self._q._close_event
@@ -274,4 +318,8 @@ BACKEND = aioquic_shaped(
     receive_many=_receive_many, receive_gro=_receive_gro,
     poll_datagrams=_poll_datagrams, closed_error=QuicConnectionError, trust=_trust,
     credit_on_read=False,
+    # qh3's client probes the path upwards to at most 1472 bytes (1280, 1350, 1452, 1472):
+    # off, so a connection sends what the setting (or the route, for auto) and the peer
+    # allow and no more; docs/transport.md, "Datagram size"
+    configuration_extra=lambda s: {"probe_datagram_size": False},
 )

@@ -64,6 +64,10 @@ class QuicView(Protocol):
     def peer_max_datagram_frame_size(self) -> int | None:
         """The peer's max_datagram_frame_size transport parameter."""
 
+    def datagram_size(self) -> int:
+        """The largest UDP payload the connection sends: its own ``max_datagram_size``,
+        capped by the peer's max_udp_payload_size once known."""
+
     def peer_close(self) -> Any:
         """The peer's CONNECTION_CLOSE as a ConnectionTerminated, before draining ends."""
 
@@ -123,7 +127,9 @@ class QuicBackend:
 
     name: str
     configuration: Callable[..., Any]
-    """(settings, is_client, alpn) -> the library's QuicConfiguration."""
+    """(settings, is_client, alpn, datagram_size) -> the library's QuicConfiguration, sending
+    at most ``datagram_size`` bytes per UDP datagram (the setting resolved: ``auto`` is a
+    number per connection)."""
     connection: Callable[..., Any]
     """(configuration) -> a client QuicConnection."""
     server: Callable[..., Any]
@@ -141,6 +147,9 @@ class QuicBackend:
     h3_knows_stream: Callable[[Any, int], bool]
     route: Callable[[Any, bytes], Any]
     """(QuicServer, destination connection ID) -> the connection's protocol, or None."""
+    use_configuration: Callable[[Any, Any], None]
+    """(QuicServer, configuration): the connections it makes from now on take this one
+    (``auto`` datagram size per client: server.py)."""
     receive_many: Callable[[Any, list[bytes], Any, float], None]
     """(quic, datagrams, addr, now): feed several datagrams of one peer at once."""
     receive_gro: Callable[[Any, bytes, int, Any, float], None] | None
@@ -180,10 +189,11 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
     written once here, what differs is passed in. Reaches ``H3Connection._stream`` and
     ``QuicServer._protocols``, which both keep (tests/transport/test_transport_backend.py)."""
 
-    def configuration(settings: Any, is_client: bool, alpn: list[str]) -> Any:
+    def configuration(settings: Any, is_client: bool, alpn: list[str],
+                      datagram_size: int) -> Any:
         return configuration_class(
             alpn_protocols=list(alpn), is_client=is_client,
-            idle_timeout=settings.idle_timeout, max_datagram_size=settings.max_datagram_size,
+            idle_timeout=settings.idle_timeout, max_datagram_size=datagram_size,
             max_datagram_frame_size=settings.max_datagram_frame_size,
             max_data=settings.max_data, max_stream_data=settings.max_stream_data,
             **configuration_extra(settings))
@@ -201,6 +211,7 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
         forget_h3_stream=lambda h3, sid: h3._stream.pop(sid, None),
         h3_knows_stream=lambda h3, sid: sid in h3._stream,
         route=lambda server, cid: server._protocols.get(cid),
+        use_configuration=_use_configuration,
         receive_many=receive_many,
         receive_gro=receive_gro,
         poll_datagrams=poll_datagrams,
@@ -208,6 +219,10 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
         trust=trust,
         credit_on_read=credit_on_read,
     )
+
+
+def _use_configuration(server: Any, config: Any) -> None:
+    server._configuration = config  # read whenever a datagram makes a connection
 
 
 _defaults = {"server": DEFAULT_BACKEND, "client": DEFAULT_BACKEND}

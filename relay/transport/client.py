@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from .backend import default_backend, get_backend
 from .burst import install, make_socket
-from .config import H3_ALPN, Application, QuicSettings
+from .config import H3_ALPN, Application, QuicSettings, datagram_size_towards
 from .connection import Connection
 from .endpoint import Endpoint
 from .errors import ConnectTimeout
@@ -57,7 +57,13 @@ async def connect(url: str, *, application: Application,
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     authority = u.netloc.rsplit("@", 1)[-1]
 
-    config = backend.configuration(settings, True, [alpn])
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    family, addr = infos[0][0], infos[0][4]
+    # auto: what the route to the server allows, known before the first packet
+    settings = dataclasses.replace(settings,
+                                   max_datagram_size=datagram_size_towards(settings, addr))
+    config = backend.configuration(settings, True, [alpn], settings.max_datagram_size)
     config.server_name = server_name or host
     if insecure:
         log.warning("!!! TLS certificate verification DISABLED for %s — loopback "
@@ -66,9 +72,6 @@ async def connect(url: str, *, application: Application,
     elif ca_file is not None:
         backend.trust(config, os.fspath(ca_file))
 
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-    family, addr = infos[0][0], infos[0][4]
     quic = backend.connection(config)
     # a client's own socket: it pauses reading when its application falls behind (qh3),
     # so a large buffer only absorbs a long round trip's bursts

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .backend import BACKENDS
+from .pathmtu import AUTO, SAFE_DATAGRAM_SIZE, path_datagram_size
 
 H3_ALPN = "h3"
 
@@ -44,16 +45,18 @@ full-size packet dies, which looks like a hang at 30000/60000. Measured on loopb
 class QuicSettings:
     """Everything an operator may tune about QUIC for one endpoint.
 
-    The defaults are safe on any path; on loopback or a known-MTU network raise
-    ``max_datagram_size`` first: it is the biggest single throughput lever with aioquic
-    (per-packet Python cost dominates).
+    ``max_datagram_size`` is the biggest single throughput lever with aioquic (per-packet
+    Python cost dominates): its default, ``auto``, follows the route to each peer.
     """
 
-    max_datagram_size: int = 1200
-    """UDP payload size of the QUIC packets we send. 1200 is always safe; use the path
-    MTU minus 48 (e.g. 8952 on a 9000-byte-MTU LAN). The peer's
-    ``max_udp_payload_size`` is not consulted by aioquic, so both ends must agree.
-    Capped at :data:`MAX_DATAGRAM_SIZE_LIMIT` (aioquic cannot encode bigger frames)."""
+    max_datagram_size: int | str = AUTO
+    """UDP payload size of the QUIC packets we send, or ``"auto"``: per connection, the MTU
+    of the route to the peer minus the IP and UDP headers (16384 on loopback, 1472 over a
+    1500-byte IPv4 link), 1200 where the route tells nothing (``pathmtu.py``). A number
+    (1200 is always safe) fixes it. Either way it is also advertised as our
+    ``max_udp_payload_size``, and we never send more than the peer's
+    (docs/transport.md, "Datagram size"). Capped at :data:`MAX_DATAGRAM_SIZE_LIMIT`
+    (aioquic cannot encode bigger frames)."""
 
     max_datagram_frame_size: int = 65536
     """Advertised DATAGRAM frame size; negotiating RFC 9221 is mandatory for MOQT."""
@@ -108,10 +111,12 @@ class QuicSettings:
     independently."""
 
     def __post_init__(self) -> None:
-        if not 1200 <= self.max_datagram_size <= MAX_DATAGRAM_SIZE_LIMIT:
+        size = self.max_datagram_size
+        if size != AUTO and (isinstance(size, bool) or not isinstance(size, int)
+                             or not SAFE_DATAGRAM_SIZE <= size <= MAX_DATAGRAM_SIZE_LIMIT):
             raise ValueError(
-                f"max_datagram_size must be in [1200, {MAX_DATAGRAM_SIZE_LIMIT}], "
-                f"got {self.max_datagram_size}")
+                f"max_datagram_size must be auto or in [{SAFE_DATAGRAM_SIZE}, "
+                f"{MAX_DATAGRAM_SIZE_LIMIT}], got {size!r}")
         if self.max_streams_bidi < 1 or self.max_streams_uni < 4:
             raise ValueError("stream limits too small (HTTP/3 needs 3 uni streams itself)")
         if self.max_stream_data < 16 * KiB or self.max_data < self.max_stream_data:
@@ -127,6 +132,33 @@ class QuicSettings:
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"unknown QUIC backend {self.backend!r} "
                              f"(choose from {', '.join(BACKENDS)})")
+
+
+def parse_datagram_size(v: object) -> int | str:
+    """A ``max_datagram_size`` as written in a flag, env or TOML value: "auto" or a number
+    of bytes in [1200, 16384]; ValueError (one line) otherwise."""
+    text = str(v).strip().lower()
+    if text == AUTO:
+        return AUTO
+    try:
+        n = int(text, 0) if isinstance(v, str) else int(v)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        n = -1
+    if isinstance(v, bool) or not SAFE_DATAGRAM_SIZE <= n <= MAX_DATAGRAM_SIZE_LIMIT:
+        raise ValueError(f"expected auto or {SAFE_DATAGRAM_SIZE}..{MAX_DATAGRAM_SIZE_LIMIT} "
+                         f"bytes, got {v!r}")
+    return n
+
+
+def datagram_size_towards(settings: QuicSettings, addr: object) -> int:
+    """The ``max_datagram_size`` of a connection to ``addr``: the setting's number, or for
+    ``auto`` what the route to ``addr`` allows (:func:`~relay.transport.pathmtu.
+    path_datagram_size`)."""
+    size = settings.max_datagram_size
+    if size == AUTO:
+        return path_datagram_size(addr, MAX_DATAGRAM_SIZE_LIMIT)
+    assert isinstance(size, int)
+    return size
 
 
 def application_of(settings: QuicSettings) -> Application:

@@ -270,7 +270,7 @@ class Connection:
     @property
     def max_datagram_payload(self) -> int:
         """Largest payload :meth:`send_datagram` can send in one packet."""
-        size = self._port.settings.max_datagram_size - _DATAGRAM_OVERHEAD
+        size = self._port.view.datagram_size() - _DATAGRAM_OVERHEAD
         if self.session_id is not None:
             size -= 8  # quarter stream ID varint prefix
         peer = self._port.view.peer_max_datagram_frame_size()

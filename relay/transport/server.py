@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import functools
 import logging
@@ -14,11 +15,12 @@ from typing import Any
 
 from .backend import QuicBackend, default_backend, get_backend
 from .burst import install, make_socket, size_buffers
-from .config import H3_ALPN, Application, QuicSettings
+from .config import H3_ALPN, Application, QuicSettings, datagram_size_towards
 from .connection import Connection
 from .endpoint import Endpoint
 from .errors import ConnectionClosed
 from .gso import DatagramSender, gso_supported
+from .pathmtu import AUTO, SAFE_DATAGRAM_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +154,11 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     """
     settings = dataclasses.replace(settings or QuicSettings(), application=application)
     backend = get_backend(settings.backend or default_backend("server"))
-    config = backend.configuration(settings, False, [application.alpn, H3_ALPN])
+    # auto: 1200 until a client's first datagram names its address (_size_per_peer)
+    size = SAFE_DATAGRAM_SIZE if settings.max_datagram_size == AUTO \
+        else settings.max_datagram_size
+    assert isinstance(size, int)
+    config = backend.configuration(settings, False, [application.alpn, H3_ALPN], size)
     config.load_cert_chain(os.fspath(certfile), os.fspath(keyfile))
     server = Server(handler, settings, wt_path, backend)
     loop = asyncio.get_running_loop()
@@ -165,8 +171,33 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
         size_buffers(sock)
     transport, udp = await loop.create_datagram_endpoint(
         lambda: backend.server(config, server._create_protocol), sock=sock)
+    if settings.max_datagram_size == AUTO:
+        _size_per_peer(udp, config, settings, backend)
     install(loop, sock, udp, route=functools.partial(backend.route, udp))
     server._udp = udp
     server._sock = sock
     server._sender = DatagramSender(sock, transport, gso_supported(sock))
     return server
+
+
+def _size_per_peer(udp: Any, config: Any, settings: QuicSettings,
+                   backend: QuicBackend) -> None:
+    """``auto`` on a server: each connection's datagram size follows the route to its
+    client. The library's server makes a connection from its configuration when a client's
+    first datagram (a long-header Initial) arrives, before it sends anything, so every
+    long-header datagram is handed over with the configuration of the route to its sender
+    (a copy per size). Short-header datagrams belong to existing connections: untouched."""
+    configs: dict[int, Any] = {}
+    receive = udp.datagram_received
+
+    def datagram_received(data: bytes, addr: Any) -> None:
+        if data and data[0] & 0x80:
+            size = datagram_size_towards(settings, addr)
+            sized = configs.get(size)
+            if sized is None:
+                sized = configs[size] = copy.copy(config)
+                sized.max_datagram_size = size
+            backend.use_configuration(udp, sized)
+        receive(data, addr)
+
+    udp.datagram_received = datagram_received

@@ -88,7 +88,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], imp: Impairment
     queue: list[tuple[float, int, socket.socket, bytes, tuple[str, int]]] = []
     seq = 0
     stats = {d: {"in": 0, "sent": 0, "lost": 0, "reordered": 0, "duplicated": 0,
-                 "overflow": 0} for d in ("up", "down")}
+                 "overflow": 0, "largest": 0} for d in ("up", "down")}
     delay, extra = imp.delay_ms / 1e3, imp.reorder_ms / 1e3
     stopping = False
 
@@ -126,6 +126,7 @@ def serve(listen: tuple[str, int], target: tuple[str, int], imp: Impairment
                     direction, dest, out = "down", key.data, front
                 st = stats[direction]
                 st["in"] += 1
+                st["largest"] = max(st["largest"], len(data))  # UDP payload, reassembled
                 if rnd.random() < imp.loss:
                     st["lost"] += 1
                     continue

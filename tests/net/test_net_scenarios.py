@@ -82,6 +82,24 @@ async def test_a_tree_across_hosts_publisher_and_consumer_at_lower_relays(
     assert lab.sent_to_hub(a) > 2 << 20
 
 
+async def test_auto_datagrams_over_a_1500_byte_link_fit_it(lab: Lab) -> None:
+    """``max_datagram_size = auto`` (the default) on both ends: the consumer's and the
+    relay's routes to each other leave the hub over veths of the default 1500-byte MTU, so
+    each sends UDP payloads of at most 1472 bytes (1500 - 20 - 8), seen at the forwarder in
+    between, whose kernel would hand it a larger datagram reassembled from fragments. And
+    more than 1200: the size follows the link, not the fallback. The fetch completes."""
+    relay_host, consumer = lab.add_host("relay"), lab.add_host("consumer")
+    url = await lab.relay(relay_host, backend="aioquic")
+    await publish(lab, relay_host, url, "aioquic")
+    via = await lab.forwarder(url, Impairment())
+    code, err, _report = await fetch(lab, consumer, via, "fetched", "qh3",
+                                     deadline_ms=20000, timeout=30)
+    assert_complete(lab, "fetched", code, err, "over 1500-byte links")
+    (stats,) = await lab.forwarder_stats()
+    assert 1200 < stats["down"]["largest"] <= 1472, stats  # the relay's, the cache's bytes
+    assert stats["up"]["largest"] <= 1472, stats  # the consumer's: requests and ACKs
+
+
 IMPAIRMENTS = {
     "RTT 20 ms": Impairment(delay_ms=10.0, seed=1),
     "loss 1 %, 2 connections": Impairment(delay_ms=1.0, loss=0.01, seed=2),

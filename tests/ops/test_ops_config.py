@@ -48,6 +48,19 @@ def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
     assert cfg.metrics_listen is None and cfg.options.default_fill_timeout == 2.5
 
 
+def test_max_datagram_size_takes_auto_or_bytes_from_flag_env_and_file(tmp_path: Path) -> None:
+    assert load({}, {}).relay_config().max_datagram_size == "auto"  # the default
+    assert load({"max_datagram_size": "AUTO"}, {}).max_datagram_size == "auto"
+    assert load({}, {"KVCS_RELAY_MAX_DATAGRAM_SIZE": "auto"},
+                _file(tmp_path, "max_datagram_size = 1200\n")).max_datagram_size == "auto"
+    assert load({}, {}, _file(tmp_path, 'max_datagram_size = "auto"\n')).max_datagram_size \
+        == "auto"
+    s = load({}, {"KVCS_RELAY_MAX_DATAGRAM_SIZE": "1200"}, _file(tmp_path, 'max_datagram_size'
+                                                                 ' = "auto"\n'))
+    assert s.relay_config().max_datagram_size == 1200
+    assert load({}, {}, _file(tmp_path, "max_datagram_size = 8952\n")).max_datagram_size == 8952
+
+
 @pytest.mark.parametrize(("flags", "env", "text", "needle"), [
     ({"listen": "nope"}, {}, "", "listen (flag --listen)"),
     ({}, {"KVCS_RELAY_MEMORY_BYTES": "lots"}, "", "memory_bytes (env KVCS_RELAY_MEMORY_BYTES)"),
@@ -56,6 +69,8 @@ def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
     ({}, {}, '[[auth.tokens]]\ntoken = "t"\nroles = ["admin"]\n', "unknown role"),
     ({"cert": __file__}, {}, "", "cert and key go together"),
     ({}, {"KVCS_RELAY_LOG_FORMAT": "xml"}, "", "log_format"),
+    ({}, {}, "max_datagram_size = 1100\n", "max_datagram_size (file "),
+    ({"max_datagram_size": "jumbo"}, {}, "", "max_datagram_size (flag --max-datagram-size)"),
 ])
 def test_invalid_values_name_the_key_and_source(tmp_path: Path, flags: dict[str, str],
                                                 env: dict[str, str], text: str,

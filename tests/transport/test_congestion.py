@@ -311,6 +311,14 @@ def test_the_peer_commands_pass_congestion_control_to_their_sessions() -> None:
         with pytest.raises(SystemExit) as e:
             wrapped(quic_backend="qh3", congestion_control="bbr")
         assert e.value.code == 2
+        # --max-datagram-size likewise: auto (the default) or a number; bad: exit 2
+        for given, want in ((None, "auto"), ("1200", 1200), ("auto", "auto")):
+            got = wrapped(quic_backend="aioquic", congestion_control=None,
+                          max_datagram_size=given)
+            assert got.settings.max_datagram_size == want
+        with pytest.raises(SystemExit) as e:
+            wrapped(quic_backend="aioquic", congestion_control=None, max_datagram_size="900")
+        assert e.value.code == 2
     finally:
-        cli._congestion_control = None
+        cli._congestion_control = cli._max_datagram_size = None
         set_default_backend(client=saved)

@@ -56,7 +56,7 @@ def test_both_backends_are_installed() -> None:
 
 def _fresh(name: str) -> object:
     backend = get_backend(name)
-    return backend.connection(backend.configuration(QuicSettings(), True, ["moqt-22"]))
+    return backend.connection(backend.configuration(QuicSettings(), True, ["moqt-22"], 1200))
 
 
 def _h3_uses(cls: type, name: str) -> bool:

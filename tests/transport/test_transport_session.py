@@ -158,11 +158,15 @@ def test_settings_validation() -> None:
         QuicSettings(max_datagram_size=60000)  # aioquic cannot encode >16383-byte frames
     with pytest.raises(ValueError):
         QuicSettings(max_datagram_size=1000)
+    for bad in ("1500", "Auto", True, 1200.0):
+        with pytest.raises(ValueError):
+            QuicSettings(max_datagram_size=bad)  # type: ignore[arg-type]
+    assert QuicSettings().max_datagram_size == "auto"
     with pytest.raises(ValueError):
         QuicSettings(backend="picoquic")
     for name in ("aioquic", "qh3"):
         cfg = get_backend(name).configuration(QuicSettings(max_datagram_size=8952), False,
-                                              ["moqt-22"])
+                                              ["moqt-22"], 8952)
         assert cfg.max_datagram_frame_size == 65536
         assert cfg.max_datagram_size == 8952
 

@@ -21,13 +21,14 @@ from relay_helpers import (
     make_ns,
     push_track,
     relay_at,
+    wait_cached,
 )
 
 from relay.core.namespaces import PublisherEntry
 from relay.core.relay import RelayOptions
 from relay.core.routing import RELAY_IMPLEMENTATION
 from relay.moqt.codes import RequestErrorCode
-from relay.moqt.primitives import FullTrackName, TrackNamespace
+from relay.moqt.primitives import FullTrackName, Location, TrackNamespace
 from relay.service import RunningRelay
 from relay.session import MoqtSession, NamespaceEvent, RequestRejected, SessionConfig
 from relay.session.tokens import tokens_of
@@ -308,7 +309,9 @@ async def test_pushed_up_tracks_outlive_the_lower_relay(tmp_path: Path, push: bo
         pub = await client(a)
         t = await complete_track(pub, name, layers=3, per_group=4)
         if push:  # the root holds the whole Track: its Largest Object alone is not enough,
-            # the End of Track can overtake a Group still on its way (another stream)
+            # the End of Track can overtake a Group still on its way (another stream); and
+            # wait_committed answers False at once for a Track the root has not met yet
+            await wait_cached(r, name, Location(3, 0))
             assert await r.relay.wait_committed(name, TIMEOUT)
         await a.close()
         c = await client(b)

@@ -389,27 +389,36 @@ async def test_forward_end_location_and_an_upstream_reset_on_the_live_path(
         await t.group(2, group_payloads(2, 3, size=100))
         w = await t.served.open_subgroup(3, 0, 0)
         await w.write_object(0, b"cut short")
-        await wait_cached(r, name, Location(3, 0))
-        w.reset(0x9)
 
-        async def until_reset(sub: Subscription) -> tuple[set[Location], list[StreamEnded]]:
+        async def until_reset(sub: Subscription, seen: asyncio.Event
+                              ) -> tuple[set[Location], list[StreamEnded]]:
             objects: set[Location] = set()
             ends: list[StreamEnded] = []
             async with asyncio.timeout(TIMEOUT):
                 async for ev in sub:
                     if isinstance(ev, ReceivedObject) and ev.status == ObjectStatus.NORMAL:
                         objects.add(ev.location)
+                        if ev.location == Location(3, 0):
+                            seen.set()
                     elif isinstance(ev, StreamEnded):
                         ends.append(ev)
                         if ev.stream.header is not None and ev.stream.header.group_id == 3:
                             break
             return objects, ends
 
-        objects, ends = await until_reset(watcher)  # every stream, the last one reset
+        # the reset once both have Group 3's first Object: a stream reset before the relay
+        # wrote its header to them would never be seen (a loaded machine once did that)
+        seen = {sub: asyncio.Event() for sub in (watcher, paused)}
+        reading = {sub: asyncio.ensure_future(until_reset(sub, seen[sub]))
+                   for sub in (watcher, paused)}
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in seen.values())), TIMEOUT)
+        w.reset(0x9)
+
+        objects, ends = await asyncio.wait_for(reading[watcher], TIMEOUT)  # the last reset
         assert len(objects) == 3 * 3 + 1
         assert [(e.fin, e.reset_code) for e in ends][-1] == (False, StreamResetCode.INTERNAL_ERROR)
         assert all(e.fin for e in ends[:-1])
-        objects, _ = await until_reset(paused)
+        objects, _ = await asyncio.wait_for(reading[paused], TIMEOUT)
         assert objects == {Location(2, i) for i in range(3)} | {Location(3, 0)}
         await t.end()  # PUBLISH_DONE follows everything queued before it
         async with asyncio.timeout(TIMEOUT):

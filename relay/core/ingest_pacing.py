@@ -27,19 +27,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .counters import Counters
 
+log = logging.getLogger("kvcs.relay")
+
 if TYPE_CHECKING:
     from .forwarder import Forwarder
 
 # How long ingest waits in a row for a subscriber to drain before it stops waiting for it.
 # Much longer than a relay that is only busy takes: at 15 MB/s (aioquic, one core) half of
-# the default bound (512 KiB) drains in about 35 ms.
-PATIENCE = 0.25
+# the default bound (512 KiB) drains in about 35 ms. But a subscriber that has just joined a
+# Track the relay was taking in at full speed drains its first half while the relay still
+# works through what the publisher had in flight. With 0.25 s, on a machine loaded by one
+# more busy process, the relay gave up on a subscriber 350 ms after it joined, which then
+# fell behind for good (48 Objects/s, TOO_FAR_BEHIND 9 s later); with 1 s, 3 runs of 3 kept
+# it (benchmarks/bench_overload.py at the publisher's maximum).
+PATIENCE = 1.0
 # How often a wait looks again at the Track's subscribers without being woken.
 RECHECK = 0.05
 
@@ -90,8 +98,10 @@ class IngestPacer:
             while self._all_over(forwarders, self._low):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    self._excused.update(f for f in forwarders
-                                         if not f.closed and f.backlog > self._low)
+                    late = [f for f in forwarders if not f.closed and f.backlog > self._low]
+                    log.info("%d subscriber(s) did not drain to %d bytes queued within %.2f s: "
+                             "no longer waited for", len(late), self._low, PATIENCE)
+                    self._excused.update(late)
                     break
                 room.clear()
                 # a slice: a subscriber that joins, or stops forwarding, sets no event

@@ -87,10 +87,12 @@ async def test_a_publisher_faster_than_the_subscriber_is_held_back_and_nothing_i
         await r.close()
 
 
-async def test_a_stalled_subscriber_does_not_hold_the_publisher(tmp_path: Path) -> None:
+async def test_a_stalled_subscriber_does_not_hold_the_publisher(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The only subscriber reads nothing: the relay waits for it at most PATIENCE, then
     takes the whole publication into its cache and ends that subscriber TOO_FAR_BEHIND.
     Were it waited for without end, the publication would never be complete."""
+    monkeypatch.setattr(ingest_pacing, "PATIENCE", 0.25)  # the default's second is wall time
     r = await relay_at(tmp_path, options=LIMITS)
     name = FullTrackName(make_ns(), b"k.raw.s0")
     try:

@@ -3,7 +3,9 @@
 aiomoqt's publisher bench -> relay -> aiomoqt's subscriber bench (32 KiB Objects, one
 subgroup stream, raw QUIC, loopback, ``--no-stats``: counters only), at offered rates of
 500/s, 2,000/s and the publisher's maximum (``-r 0``), through our relay on aioquic and on
-qh3 (``kvcs relay``, its own process) and through aiomoqt's own relay
+qh3 (``kvcs relay``, its own process), on aioquic also with ``--ingest-hold-bytes 0`` (its
+ingest never waits for its subscribers: the relay before issue 37's fix), and through
+aiomoqt's own relay
 (``python -m aiomoqt.tools.moq_interop_relay --quic``: Python on aiopquic, a C QUIC core with
 its own network thread), the baseline. Every case gets a fresh relay and a Track of its
 own; the relays take turns at each rate so load from other processes hits them alike.
@@ -13,7 +15,8 @@ the publisher's own sent rate, the relay process's CPU over the subscription, th
 aiomoqt's relay at the same rate, and to the same relay's best rate in this run (the goal,
 issue 37: never below 0.9 as the offered rate rises). Run: ``python -m benchmarks overload``
 (env: BENCH_OVERLOAD_SECONDS=10, BENCH_OVERLOAD_RATES=500,2000,0 (0: max),
-BENCH_OVERLOAD_RELAYS=aiomoqt,aioquic,qh3, BENCH_OVERLOAD_HOLD=<ingest_hold_bytes>).
+BENCH_OVERLOAD_RELAYS=aiomoqt,aioquic,aioquic:0,qh3: ours as ``backend[:ingest_hold_bytes]``,
+``aioquic:0`` being our relay with its ingest never waiting, as before issue 37).
 Needs aiomoqt (the interop extra, ``scripts/install_interop.sh``).
 """
 
@@ -38,7 +41,9 @@ from benchmarks.bench_relay import _RelayProcess
 from relay.transport import ensure_self_signed
 
 OBJECT = 32 * 1024
-RELAYS = ("aiomoqt", "aioquic", "qh3")
+# ours as "backend[:ingest_hold_bytes]": "aioquic:0" is the relay with ingest never waiting,
+# as it was before issue 37, measured in the same run
+RELAYS = ("aiomoqt", "aioquic", "aioquic:0", "qh3")
 BASELINE = "aiomoqt"
 _RATE = re.compile(r"ObjRate:\s+([\d,.]+) obj/s")
 _SENT = re.compile(r"Sent:\s+[\d,]+ objects, \d+ groups, ([\d,.]+)/s")
@@ -58,11 +63,9 @@ def _free_udp_port() -> int:
 async def _relay(kind: str, tmp: Path) -> AsyncIterator[tuple[str, int]]:
     """(moqt:// URL, pid) of a fresh relay of ``kind``: aiomoqt's, or ours on a backend."""
     if kind != BASELINE:
-        extra: tuple[str, ...] = ()
-        hold = os.environ.get("BENCH_OVERLOAD_HOLD")
-        if hold is not None:
-            extra = ("--ingest-hold-bytes", hold)
-        async with _RelayProcess(tmp, 1200, kind, extra) as r:
+        backend, _, hold = kind.partition(":")
+        extra = ("--ingest-hold-bytes", hold) if hold else ()
+        async with _RelayProcess(tmp, 1200, backend, extra) as r:
             assert r.proc is not None
             yield r.url.rstrip("/"), r.proc.pid
         return
@@ -149,7 +152,7 @@ async def _run(relays: list[str], rates: list[int], seconds: int) -> list[list[A
                 results[kind, rate] = await one_case(kind, rate, seconds, f"t{n}",
                                                      Path(d) / f"case{n}")
                 r = results[kind, rate]
-                print(f"  {kind:8} offered {rate or 'max':>5}: {r['delivered']:,.0f} Objects/s",
+                print(f"  {kind:10} offered {rate or 'max':>5}: {r['delivered']:,.0f} Objects/s",
                       flush=True)
     rows = []
     for kind in relays:
@@ -177,7 +180,6 @@ def main() -> None:
     report("overload", ["relay", "offered_obj/s", "delivered_obj/s", "publisher_sent_obj/s",
                         "relay_cpu", "vs_aiomoqt_relay", "vs_own_best", "note"], rows,
            extra={"seconds": seconds, "object_bytes": OBJECT,
-                  "ingest_hold_bytes": os.environ.get("BENCH_OVERLOAD_HOLD", "default"),
                   "note": "aiomoqt pub_bench -> relay -> aiomoqt sub_bench, one subgroup "
                           "stream, raw QUIC, loopback, --no-stats; delivered: sub_bench's "
                           "ObjRate (Objects over its active time); publisher_sent: "

@@ -19,8 +19,10 @@ A subscriber is waited for at most ``PATIENCE`` seconds in a row. One that canno
 half of ``hold_bytes`` in that time (it stopped reading, or its path is slow) is not waited
 for again until its queue is back under that mark; meanwhile the Track's ingest goes on, its
 queue grows and ends at ``max_backlog_bytes`` (TOO_FAR_BEHIND) as before. So the relay that is
-itself the bottleneck feeds its live subscribers first, and a slow or stalled subscriber
-never sets the publisher's pace for long (nor keeps a publication out of the cache).
+itself the bottleneck feeds its live subscribers first, and a stalled subscriber, or one
+slower than half of ``hold_bytes`` per PATIENCE, holds the publisher back (and a publication
+out of the cache) for PATIENCE at most. One that drains faster but slower than the publisher
+sends, and is the least behind, does set the publisher's pace.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class IngestPacer:
         """Until a forwarding subscriber has drained to half of ``hold_bytes`` (or closed,
         or stopped forwarding); those that did not within PATIENCE are excused."""
         room = asyncio.Event()
+        # (two upstreams of one Track waiting at once: the later watch replaces the earlier,
+        # which then looks again every RECHECK)
         watched = [f for f in forwarders if not f.closed]
         for f in watched:
             f.watch_drain(self._low, room)

@@ -202,6 +202,10 @@ class RelayCollector(Collector):
             gsum_value=total)
         yield _counter("too_far_behind", "Subscriptions ended as too far behind.",
                        c.too_far_behind)
+        yield _counter("ingest_waits", "Times a Track's ingest waited for its least-behind "
+                       "subscriber to drain (ingest_hold_bytes).", c.ingest_waits)
+        yield _counter("ingest_wait_seconds", "Seconds Tracks' ingest spent waiting for "
+                       "their subscribers to drain.", c.ingest_wait_seconds)
         yield _counter("authorization_failures", "Requests refused for want of a valid "
                        "token.", c.auth_failures)
         yield admin_unauthorized_metric(c.admin_unauthorized)
@@ -327,7 +331,7 @@ def admin_unauthorized_metric(value: int) -> CounterMetricFamily:
                     "wrong token.", value)
 
 
-def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(P + name, doc, value=value)
 
 

@@ -75,6 +75,12 @@ class RelayOptions:
         256 * 1024 * 1024, kind="int", unit="bytes",
         help="Bytes queued for one subscriber beyond which its subscription ends as too far "
              "behind.")
+    ingest_hold_bytes: int = setting(
+        1024 * 1024, kind="int", unit="bytes",
+        see='[relay.md, "Overload"](relay.md#overload)',
+        help="Bytes queued for a Track's least-behind subscriber beyond which the relay stops "
+             "taking that Track's Objects in until the subscriber has drained half of them "
+             "(the publisher is held back by QUIC flow control; aioquic only); 0: never.")
     default_fill_timeout: float = setting(
         5.0, key="fill_timeout", kind="positive_float", unit="seconds",
         help="Seconds a fill or FETCH waits for unknown Objects when the request gives no "

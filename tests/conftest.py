@@ -27,6 +27,8 @@ _SUITES = {"transport": ALL, "session": ALL, "core": SAME, "ops": SAME, "interop
 _MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL,
             # the controllers are aioquic's (qh3 has no choice): its pair alone
             "test_congestion.py": {"aioquic": SAME["aioquic"]},
+            # a relay's ingest waits for its subscribers only on aioquic (docs/relay.md)
+            "test_relay_overload.py": {"aioquic": SAME["aioquic"]},
             # the exposition format, not QUIC: one backend (a real Prometheus takes seconds)
             "test_ops_prometheus.py": {"aioquic": SAME["aioquic"]},
             # HTTP (admin API, /metrics, health) and configuration, not QUIC: one backend

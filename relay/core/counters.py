@@ -83,6 +83,9 @@ class Counters:
     objects_sent: int = 0  # on subscriptions (fills and FETCHes: `fill`, `fetch`)
     bytes_sent: int = 0
     too_far_behind: int = 0
+    # a Track's ingest waiting for its subscribers to drain (ingest_pacing.py)
+    ingest_waits: int = 0
+    ingest_wait_seconds: float = 0.0
     fill: Served = field(default_factory=Served)
     fetch: Served = field(default_factory=Served)
     # upstream

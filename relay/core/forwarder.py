@@ -90,6 +90,9 @@ class Forwarder:
         self._done_reason = ""
         self._holds = 0
         self.counters: Counters | None = None  # the Relay's (objects sent, too far behind)
+        # set while the Track's ingest waits for this queue to drain (ingest_pacing.py)
+        self._drain_at = 0
+        self._drained: asyncio.Event | None = None
 
     # Forward and Subscriber Priority are the subscription's (REQUEST_UPDATE changes them
     # there); until it is attached, what the SUBSCRIBE asked for.
@@ -236,6 +239,8 @@ class Forwarder:
                 await self._end_stream(stream_key, down, fin=bool(extra))
             else:
                 self.backlog -= extra
+                if self._drained is not None and self.backlog <= self._drain_at:
+                    self._drained.set()
                 await self._write(down, obj)
         except LinkError:
             down = self._streams.get(stream_key)
@@ -271,6 +276,12 @@ class Forwarder:
             await w.finish()
         else:
             w.reset(StreamResetCode.INTERNAL_ERROR if not fin else StreamResetCode.CANCELLED)
+
+    def watch_drain(self, at: int, event: asyncio.Event | None) -> None:
+        """Set ``event`` once at most ``at`` bytes are queued, or the subscription ends
+        (None: stop watching). The Track's ingest waits on it (ingest_pacing.py)."""
+        self._drain_at = at
+        self._drained = event
 
     def hold(self) -> None:
         """Keep PUBLISH_DONE back (e.g. until the fill stream is open: it counts, §7.7)."""
@@ -331,6 +342,8 @@ class Forwarder:
             return
         self.closed = True
         self._finished.set()
+        if self._drained is not None:
+            self._drained.set()
         self._on_close(self)
 
     async def wait_finished(self, cancelled: asyncio.Event) -> None:

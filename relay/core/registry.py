@@ -13,6 +13,7 @@ from relay.moqt.primitives import FullTrackName, TrackNamespace
 from storage.tiered import TieredStore
 
 from .counters import Counters
+from .ingest_pacing import IngestPacer
 from .namespaces import NamespaceTable, PublisherEntry
 from .track import RelayTrack
 
@@ -42,6 +43,8 @@ class TrackRegistry:
         # called after each sweep (what was kept of learned namespaces follows the registry)
         self.on_sweep: Callable[[], None] | None = None
         self._listing: set[asyncio.Task[None]] = set()  # list_until_committed
+        # each Track's ingest waits for its subscribers past this (ingest_pacing.py); 0: never
+        self.ingest_hold_bytes = 0
 
     def track(self, name: FullTrackName) -> RelayTrack:
         t = self.tracks.get(name)
@@ -52,6 +55,8 @@ class TrackRegistry:
             t = self.tracks[name] = RelayTrack(name, self.store, self._commit)
             self.by_namespace.setdefault(name.namespace, {})[name] = t
             t.counters = self._counters
+            if self.ingest_hold_bytes:
+                t.pacer = IngestPacer(self.ingest_hold_bytes, self._counters)
             t.on_available = self._track_available
             stored = self.store.track_properties(t.key)
             if stored:  # a Track held in LMDB keeps its Track Properties across restarts

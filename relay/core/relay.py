@@ -86,6 +86,7 @@ class Relay:
         namespaces.on_add = self.rendezvous.appeared
         self.registry = registry = TrackRegistry(store, self.persistence.commit, counters,
                                                  namespaces, self.rendezvous.appeared)
+        registry.ingest_hold_bytes = options.ingest_hold_bytes
         self.learned = LearnedNamespaces(namespaces, registry)
         registry.on_sweep = self.learned.sweep_kept
         self.routing = Routing(namespaces, self.learned, counters, options, upstream)

@@ -47,6 +47,7 @@ from storage.interface import (
 from . import cache
 from .cache import status_object, stored_object
 from .counters import Counters, ServeStats
+from .ingest_pacing import IngestPacer
 from .range_serve import RangeWriter, serve_range
 from .scheduler import DEFAULT_PUBLISHER_PRIORITY
 from .spans import MarkerSpans, Spans
@@ -110,6 +111,8 @@ class RelayTrack:
         self.counters: Counters | None = None  # the Relay's (objects received)
         # told when the Track gains a live upstream (held SUBSCRIBEs, SUBSCRIBE_TRACKS)
         self.on_available: Callable[[RelayTrack], None] | None = None
+        # paces ingest on the live subscribers (ingest_pacing.py); None: never waits
+        self.pacer: IngestPacer | None = None
 
     def __repr__(self) -> str:
         return f"<RelayTrack {format_full_track_name(*self.full_name)}>"
@@ -192,10 +195,15 @@ class RelayTrack:
         fill_from = _fill_start(sub) or Location(0, 0)
         status: int | None = None
         reason = ""
+        # waiting holds the publisher back only where credit follows reads (see there)
+        pacer = self.pacer if sub.session.conn.credit_follows_reads else None
+        forwarders = self.forwarders
         try:
             async for ev in sub:
                 if isinstance(ev, ReceivedObject):
                     self._on_object(ev, seen_streams)
+                    if pacer is not None and forwarders and pacer.must_wait(forwarders):
+                        await pacer.wait(forwarders)
                     if ev.stream.source is Source.SUBGROUP:
                         last[ev.stream.stream_id] = ev
                     if ev.stream.source is Source.FILL:

@@ -268,6 +268,14 @@ class Connection:
         return self.streams.close_exc is not None
 
     @property
+    def credit_follows_reads(self) -> bool:
+        """True if the peer gets receive credit only as this side reads (aioquic): not
+        reading holds a sender back by flow control. False (qh3): credit is granted before
+        the application reads, and a stream whose unread bytes pass its window is stopped
+        (server) or the socket is no longer read (client)."""
+        return self._port.credit_follows_reads
+
+    @property
     def max_datagram_payload(self) -> int:
         """Largest payload :meth:`send_datagram` can send in one packet."""
         size = self._port.view.datagram_size() - _DATAGRAM_OVERHEAD

@@ -93,6 +93,10 @@ class Endpoint(QuicDriver):
     def is_client(self) -> bool:
         return self._is_client
 
+    @property
+    def credit_follows_reads(self) -> bool:
+        return self._b.credit_on_read
+
     async def open_stream(self, table: StreamTablePort, *, uni: bool) -> int:
         q = self._quic
         while True:

@@ -45,6 +45,11 @@ class EndpointPort(Protocol):
     @property
     def is_client(self) -> bool: ...
 
+    @property
+    def credit_follows_reads(self) -> bool:
+        """Receive credit is returned only as the application reads (aioquic): a reader
+        that pauses holds the peer back (``QuicBackend.credit_on_read``)."""
+
     async def open_stream(self, table: StreamTablePort, *, uni: bool) -> int:
         """A new local stream of the session (waits for the peer's stream limit)."""
 

@@ -5,6 +5,13 @@ opens one unidirectional stream to each client and writes ``nbytes`` in 1 MiB wr
 client, on the consumer host dialling the forwarder, reads it to its FIN and prints the
 seconds from dialling to the FIN (connecting included, as in ``kvcs fetch``'s figure). Where
 ours is close to this row, the time is the library's (its congestion control), not ours.
+
+A stack is ``BACKEND[:CC][@SIZE]``: ``qh3``, ``aioquic`` (relay.transport; SIZE its
+``max_datagram_size``, ``auto`` by default; CC aioquic's controller) or ``aiopquic``
+(``_pquic.py``, picoquic with no relay.transport port; CC picoquic's algorithm, ``bbr1`` by
+default; SIZE its path-MTU policy, ``basic`` or ``blocked``). Both ends report the CPU
+seconds of their process over the transfer (the server on a second JSON line once the client
+has closed), for CPU per GB on each side (bench_quic.py).
 """
 
 from __future__ import annotations
@@ -16,46 +23,83 @@ import time
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__":  # a child run as a script: this checkout's code, not the installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from relay.session.wire import MOQT
 from relay.transport import QuicSettings, connect, serve
+from relay.transport.config import AUTO
 
 _SELF = str(Path(__file__).resolve())
 _CHUNK = 1 << 20
 
 
-async def _serve(host: str, backend: str, nbytes: int, cert: str, key: str) -> None:
+def parse_stack(stack: str) -> tuple[str, str, str]:
+    """``BACKEND[:CC][@SIZE]`` -> (backend, congestion controller or "", size or "")."""
+    head, _, size = stack.partition("@")
+    backend, _, cc = head.partition(":")
+    return backend, cc, size
+
+
+def _settings(stack: str) -> QuicSettings:
+    backend, cc, size = parse_stack(stack)
+    extra: dict[str, Any] = {"congestion_control": cc} if cc else {}
+    return QuicSettings(backend=backend, max_datagram_size=int(size) if size.isdigit()
+                        else AUTO, **extra)
+
+
+async def _serve(host: str, stack: str, nbytes: int, cert: str, key: str) -> None:
+    backend, cc, size = parse_stack(stack)
+    if backend == "aiopquic":
+        from benchmarks import _pquic
+        started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(_pquic.serve_sender(host, nbytes, cert, key, cc or "bbr1",
+                                                       size or "basic", started))
+        print(json.dumps({"port": await started}), flush=True)
+        print(json.dumps(await task), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
+        return
     payload = memoryview(bytes(_CHUNK))
 
     async def handler(conn: Any) -> None:
+        c0 = time.process_time()
         send = await conn.open_uni()
         for pos in range(0, nbytes, _CHUNK):
             await send.write(payload[:min(_CHUNK, nbytes - pos)])
         await send.finish()
         await conn.wait_closed()
+        print(json.dumps({"cpu": time.process_time() - c0}), flush=True)
 
-    server = await serve(host, 0, cert, key, handler, settings=QuicSettings(backend=backend),
+    server = await serve(host, 0, cert, key, handler, settings=_settings(stack),
                          application=MOQT)
     print(json.dumps({"port": server.port}), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
     await server.close(grace=0.2)
 
 
-async def _get(url: str, ca: str, backend: str, nbytes: int, deadline: float
+async def _get(url: str, ca: str, stack: str, nbytes: int, deadline: float
                ) -> dict[str, Any]:
-    t0 = time.perf_counter()
+    backend, cc, size = parse_stack(stack)
+    if backend == "aiopquic":
+        from benchmarks import _pquic
+        hostport = url.split("//", 1)[1].rstrip("/")
+        host, port = hostport.rsplit(":", 1)
+        return await _pquic.get(host, int(port), ca, nbytes, deadline, cc or "bbr1",
+                                size or "basic")
+    t0, c0 = time.perf_counter(), time.process_time()
     total = 0
     try:
         async with asyncio.timeout(deadline):
-            conn = await connect(url, settings=QuicSettings(backend=backend), ca_file=ca,
+            conn = await connect(url, settings=_settings(stack), ca_file=ca,
                                  application=MOQT)
             inc = await conn.accept()
             while data := await inc.recv.read():
                 total += len(data)
     except TimeoutError:
         return {"deadline_passed": True, "bytes": total}
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     await conn.aclose()
-    return {"seconds": seconds, "bytes": total}
+    return {"seconds": seconds, "cpu": cpu, "bytes": total}
 
 
 async def raw_in_lab(lab: Any, relay_host: Any, consumer: Any, imp: Any, nbytes: int,

@@ -18,7 +18,8 @@ way delay = RTT / 2 and random loss, both directions):
 The forwarder's settings and counters are written with each row. Options (after ``net``):
 ``--size-mib 64 --rtt-ms 0,20,40,80 --loss-pct 0,0.1,1 --deadline-s 90 --stacks
 qh3,aioquic,moq-rs,raw-qh3,raw-aioquic --seed 1`` (``raw-*``: QUIC alone, the same bytes
-on one stream through ``relay.transport``, benchmarks/_raw_net.py; ``aioquic/qh3``: our
+on one stream through ``relay.transport``, benchmarks/_raw_net.py; ``raw-aiopquic``:
+picoquic alone, and ``raw-BACKEND[:CC][@SIZE]`` variants, see there; ``aioquic/qh3``: our
 relay on aioquic, `kvcs fetch` on qh3: a stack of ours is RELAY or RELAY/CONSUMER;
 a stack of ours alone, ``aioquic``, runs `kvcs fetch` on that backend too);
 ``--relay-arg=--flag`` / ``--peer-arg=--flag`` (repeatable) pass flags to our relay / to

@@ -29,8 +29,8 @@ are handled here, each written down in ``docs/transport.md``:
   which picoquic discards (RFC 9000 14.1), and the handshake only ends, if ever, once enough
   of its retransmissions have raised the budget (never while the relay is busy). Such a
   client is sent a Retry instead (``_Qh3Server``): its second Initial carries the token, the
-  path is validated, and no limit applies. Clients whose Initial packet fills the datagram
-  (aioquic, qh3, moq-rs) are never asked to retry.
+  path is validated, and no limit applies. aioquic clients pad the same way and are retried
+  too; clients whose Initial packet fills the datagram (qh3, moq-rs) are never asked to.
 
 The few private members read (``_core``, ``_remote_addr``, ``_close_event``,
 ``_remote_max_datagram_frame_size``, ``H3Connection._stream``) are listed in

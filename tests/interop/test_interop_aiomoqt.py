@@ -22,11 +22,11 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import interop_sys_path  # noqa: F401  (before relay_helpers: puts tests/core on sys.path)
 import pytest
 from relay_helpers import TIMEOUT, client, relay_at, wait_namespace
+from udp_forwarder import ServerInitials, forwarding
 
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
@@ -118,31 +118,6 @@ async def test_aiomoqt_interop_client_passes_every_case(
 # -- 2. a picoquic client joining a busy qh3 relay --------------------------------------------
 
 
-class InitialSizes(asyncio.DatagramProtocol):
-    """A UDP forwarder for one client: keeps the size of every datagram from the server that
-    starts with an Initial packet (long header, type 0), in order."""
-
-    def __init__(self, server: tuple[str, int]) -> None:
-        self.server = server
-        self.client: Any = None
-        self.sizes: list[int] = []
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        assert self.transport is not None
-        if addr == self.server:
-            if data and data[0] & 0xF0 == 0xC0:  # long header, Initial
-                self.sizes.append(len(data))
-            if self.client is not None:
-                self.transport.sendto(data, self.client)
-        else:
-            self.client = addr
-            self.transport.sendto(data, self.server)
-
-
 async def test_a_picoquic_client_joins_while_another_client_sends(tmp_path: Path) -> None:
     """Issue 36: aiomoqt's subscriber never got a session from a qh3 relay that its publisher
     was feeding. qh3 counted only picoquic's Initial packet (307 bytes, the datagram padded
@@ -154,24 +129,20 @@ async def test_a_picoquic_client_joins_while_another_client_sends(tmp_path: Path
     pub = asyncio.ensure_future(run_tool(
         "pub_bench", base(r.url), "-k", "--draft", "22", "-N", "busy", "-T", "t1", "-s", "4096",
         "-r", "500", "-t", "20", timeout=30))
-    loop = asyncio.get_running_loop()
-    transport, fwd = await loop.create_datagram_endpoint(
-        lambda: InitialSizes(("127.0.0.1", r.port)), local_addr=("127.0.0.1", 0))
     try:
-        await wait_announced(r, (b"busy",))
-        port = transport.get_extra_info("sockname")[1]
-        _code, out, err = await run_tool(
-            "moq_interop_client", "-r", f"moqt://127.0.0.1:{port}", "-t", "setup-only",
-            "--tls-disable-verify", "--draft", "22", timeout=30)
+        async with forwarding(ServerInitials, r.port) as (fwd, port):
+            await wait_announced(r, (b"busy",))
+            _code, out, err = await run_tool(
+                "moq_interop_client", "-r", f"moqt://127.0.0.1:{port}", "-t", "setup-only",
+                "--tls-disable-verify", "--draft", "22", timeout=30)
         assert tap(out) == {"setup-only": "ok"}, (out, err[-2000:])
         # the server's first Initial carries its ServerHello (ack-only ones may be shorter)
-        assert fwd.sizes and fwd.sizes[0] >= 1200, fwd.sizes
+        assert fwd.initial_sizes and fwd.initial_sizes[0] >= 1200, fwd.initial_sizes
         assert not pub.done()  # it was publishing all along
     finally:
         pub.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pub
-        transport.close()
         await r.close()
 
 

@@ -56,6 +56,21 @@ async def round_trips(a: Connection, b: Connection, n: int = 2) -> None:
             pass
 
 
+async def exchange(client: Connection, server: Connection, up: bytes = b"ping",
+                   down: bytes = b"pong") -> None:
+    """``up`` from the client and ``down`` back on one bidirectional stream, each checked
+    bit for bit: the session carries data both ways."""
+    from stream_helpers import read_all
+
+    send, recv = await w(client.open_bi())
+    await w(send.write(up, end_stream=True))
+    inc = await w(server.accept())
+    assert await w(read_all(inc.recv)) == up
+    assert inc.send is not None
+    await w(inc.send.write(down, end_stream=True))
+    assert await w(read_all(recv)) == down
+
+
 def url_for(server: Server, transport: str, path: str = "/moq") -> str:
     scheme = "moqt" if transport == "quic" else "https"
     return f"{scheme}://127.0.0.1:{server.port}{path}"

@@ -8,16 +8,15 @@ large datagrams and each obeys the other's advertised limit.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from typing import Any
 
 import pytest
-from conftest import Harness, w
-from stream_helpers import read_all
+from conftest import Harness, exchange, w
+from udp_forwarder import UdpForwarder, forwarding
 
 from relay.session.wire import MOQT
-from relay.transport import Connection, QuicSettings, connect
+from relay.transport import QuicSettings, connect
 from relay.transport.config import MAX_DATAGRAM_SIZE_LIMIT
 
 PAYLOAD = os.urandom(256 * 1024)  # a few dozen full-size datagrams each way
@@ -26,62 +25,35 @@ SMALL = 1300  # what a peer advertises (between 1200 and a 1500-byte link's 1472
 FULL = MAX_DATAGRAM_SIZE_LIMIT - 64  # a full-size datagram, as qh3 packs one
 
 
-class SizeRecorder(asyncio.DatagramProtocol):
-    """Forwards one client's datagrams to ``server`` and the answers back; the sizes seen
+class SizeRecorder(UdpForwarder):
+    """Forwards one client's datagrams to the server and the answers back; the sizes seen
     each way."""
 
     def __init__(self, server: tuple[str, int]) -> None:
-        self.server = server
-        self.client: Any = None
+        super().__init__(server)
         self.up: list[int] = []
         self.down: list[int] = []
         self.handshake = (0, 0)  # how many each way before the session was up
-        self.transport: asyncio.DatagramTransport | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        assert self.transport is not None
-        if addr == self.server:
-            self.down.append(len(data))
-            if self.client is not None:
-                self.transport.sendto(data, self.client)
-            return
-        self.client = addr
+    def from_client(self, data: bytes) -> None:
         self.up.append(len(data))
-        self.transport.sendto(data, self.server)
 
-
-async def _exchange(client: Connection, server: Connection) -> None:
-    """PAYLOAD each way on one bidirectional stream, checked bit for bit."""
-    send, recv = await w(client.open_bi())
-    await w(send.write(PAYLOAD, end_stream=True))
-    inc = await w(server.accept())
-    assert await w(read_all(inc.recv)) == PAYLOAD
-    assert inc.send is not None
-    await w(inc.send.write(PAYLOAD, end_stream=True))
-    assert await w(read_all(recv)) == PAYLOAD
+    def from_server(self, data: bytes) -> None:
+        self.down.append(len(data))
 
 
 async def _through_recorder(make_harness: Any, server_settings: QuicSettings,
                             client_settings: QuicSettings) -> SizeRecorder:
     h: Harness = await make_harness(server_settings)
-    loop = asyncio.get_running_loop()
-    transport, rec = await loop.create_datagram_endpoint(
-        lambda: SizeRecorder(("127.0.0.1", h.server.port)), local_addr=("127.0.0.1", 0))
-    try:
-        port = transport.get_extra_info("sockname")[1]
+    async with forwarding(SizeRecorder, h.server.port) as (rec, port):
         client = await w(connect(f"moqt://127.0.0.1:{port}/", settings=client_settings,
                                  ca_file=h.certs.certfile, application=MOQT))
         try:
             server = await w(h.sessions.get())
             rec.handshake = (len(rec.up), len(rec.down))
-            await _exchange(client, server)
+            await exchange(client, server, PAYLOAD, PAYLOAD)
         finally:
             await w(client.aclose())
-    finally:
-        transport.close()
     return rec
 
 

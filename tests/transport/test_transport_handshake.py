@@ -8,13 +8,12 @@ on every backend pair, without the sender spinning on a transmit its library can
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 import pytest
-from conftest import Harness, w
-from stream_helpers import read_all
+from conftest import Harness, exchange, w
+from udp_forwarder import ServerInitials, UdpForwarder, forwarding, packet_types
 
 from relay.session.wire import MOQT
 from relay.transport import QuicSettings, connect
@@ -28,102 +27,40 @@ HANDSHAKE = QuicSettings(max_datagram_size=1200, connect_timeout=8.0)
 MAX_FAILED_TRANSMITS = 60
 
 
-class LossyForwarder(asyncio.DatagramProtocol):
-    """Forwards one client's datagrams to ``server`` and the answers back, after dropping
-    the client's first ``drop`` datagrams."""
-
-    def __init__(self, server: tuple[str, int], drop: int) -> None:
-        self.server = server
-        self.drop = drop
-        self.dropped = 0
-        self.client: Any = None
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        assert self.transport is not None
-        if addr == self.server:
-            if self.client is not None:
-                self.transport.sendto(data, self.client)
-            return
-        self.client = addr
-        if self.dropped < self.drop:
-            self.dropped += 1
-            return
-        self.transport.sendto(data, self.server)
-
-
 @pytest.mark.parametrize("drop", [1, 2])
 async def test_a_lost_first_flight_still_completes_the_handshake(
         make_harness: Any, drop: int, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="relay.transport.endpoint")
     h: Harness = await make_harness(HANDSHAKE)
-    loop = asyncio.get_running_loop()
-    transport, fwd = await loop.create_datagram_endpoint(
-        lambda: LossyForwarder(("127.0.0.1", h.server.port), drop),
-        local_addr=("127.0.0.1", 0))
-    try:
-        port = transport.get_extra_info("sockname")[1]
+    async with forwarding(lambda server: UdpForwarder(server, drop), h.server.port) as (
+            fwd, port):
         client = await w(connect(f"moqt://127.0.0.1:{port}/", settings=HANDSHAKE,
                                  ca_file=h.certs.certfile, application=MOQT))
         server = await w(h.sessions.get())
         assert fwd.dropped == drop
-        # the session carries data both ways
-        send, recv = await w(client.open_bi())
-        await w(send.write(b"ping", end_stream=True))
-        inc = await w(server.accept())
-        assert await w(read_all(inc.recv)) == b"ping"
-        assert inc.send is not None
-        await w(inc.send.write(b"pong", end_stream=True))
-        assert await w(read_all(recv)) == b"pong"
+        await exchange(client, server)  # the session carries data both ways
         await w(client.aclose())
-    finally:
-        transport.close()
     failed = [r for r in caplog.records if "transmit failed" in r.getMessage()]
     assert len(failed) <= MAX_FAILED_TRANSMITS, f"{len(failed)} failed transmits"
 
 
-def _packet_types(datagram: bytes) -> list[int]:
-    """The long-header packet types coalesced in ``datagram`` (0 Initial, 2 Handshake),
-    up to its first short-header packet (RFC 9000 17.2)."""
-    types, i = [], 0
-    while i < len(datagram) and datagram[i] & 0x80:
-        kind = (datagram[i] >> 4) & 0x3
-        types.append(kind)
-        i += 5  # first byte, version
-        i += 1 + datagram[i]  # Destination Connection ID
-        i += 1 + datagram[i]  # Source Connection ID
-        if kind == 0:  # Initial: Token
-            n, i = _varint(datagram, i)
-            i += n
-        n, i = _varint(datagram, i)  # Length: packet number and payload
-        i += n
-    return types
-
-
-def _varint(b: bytes, i: int) -> tuple[int, int]:
-    size = 1 << (b[i] >> 6)
-    return int.from_bytes(bytes([b[i] & 0x3F]) + b[i + 1:i + size], "big"), i + size
-
-
-class RecordingForwarder(LossyForwarder):
+class RecordingForwarder(UdpForwarder):
     """Forwards everything, and keeps the client's first datagram sent after the server's
     first Initial reached it (a qh3 server first sends a Retry to a client that pads its
     Initial datagram after the packet, as aioquic does: docs/transport.md)."""
 
     def __init__(self, server: tuple[str, int]) -> None:
-        super().__init__(server, drop=0)
+        super().__init__(server)
         self.server_spoke = False
         self.answer: bytes | None = None
 
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        if addr == self.server and _packet_types(data)[:1] != [3]:  # 3: Retry
+    def from_server(self, data: bytes) -> None:
+        if packet_types(data)[:1] != [3]:  # 3: Retry
             self.server_spoke = True
-        elif self.server_spoke and self.answer is None:
+
+    def from_client(self, data: bytes) -> None:
+        if self.server_spoke and self.answer is None:
             self.answer = data
-        super().datagram_received(data, addr)
 
 
 async def test_the_client_answers_the_servers_initial_with_a_handshake_packet(
@@ -135,37 +72,13 @@ async def test_the_client_answers_the_servers_initial_with_a_handshake_packet(
     if default_backend("client") != "aioquic":
         pytest.skip("the qh3 client's handshake packets are built by its native core")
     h: Harness = await make_harness(HANDSHAKE)
-    loop = asyncio.get_running_loop()
-    transport, fwd = await loop.create_datagram_endpoint(
-        lambda: RecordingForwarder(("127.0.0.1", h.server.port)), local_addr=("127.0.0.1", 0))
-    try:
-        port = transport.get_extra_info("sockname")[1]
+    async with forwarding(RecordingForwarder, h.server.port) as (fwd, port):
         client = await w(connect(f"moqt://127.0.0.1:{port}/", settings=HANDSHAKE,
                                  ca_file=h.certs.certfile, application=MOQT))
         await w(h.sessions.get())
         assert fwd.answer is not None
-        assert 2 in _packet_types(fwd.answer), _packet_types(fwd.answer)
+        assert 2 in packet_types(fwd.answer), packet_types(fwd.answer)
         await w(client.aclose())
-    finally:
-        transport.close()
-
-
-class ServerInitials(LossyForwarder):
-    """Forwards everything; keeps the size of every server datagram that starts with an
-    Initial packet, and whether the server sent a Retry."""
-
-    def __init__(self, server: tuple[str, int]) -> None:
-        super().__init__(server, drop=0)
-        self.initial_sizes: list[int] = []
-        self.retried = False
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        if addr == self.server:
-            first = _packet_types(data)[:1]
-            if first == [0]:
-                self.initial_sizes.append(len(data))
-            self.retried |= first == [3]
-        super().datagram_received(data, addr)
 
 
 async def test_every_server_initial_datagram_is_full_size(make_harness: Any) -> None:
@@ -176,27 +89,15 @@ async def test_every_server_initial_datagram_is_full_size(make_harness: Any) -> 
     packet (~900 bytes), and a picoquic client never finished its handshake with a busy qh3
     relay (issue 36). Such a client now gets a Retry (docs/transport.md, "The handshake")."""
     h: Harness = await make_harness(HANDSHAKE)
-    loop = asyncio.get_running_loop()
-    transport, fwd = await loop.create_datagram_endpoint(
-        lambda: ServerInitials(("127.0.0.1", h.server.port)), local_addr=("127.0.0.1", 0))
-    try:
-        port = transport.get_extra_info("sockname")[1]
+    async with forwarding(ServerInitials, h.server.port) as (fwd, port):
         client = await w(connect(f"moqt://127.0.0.1:{port}/", settings=HANDSHAKE,
                                  ca_file=h.certs.certfile, application=MOQT))
         server = await w(h.sessions.get())
-        send, recv = await w(client.open_bi())
-        await w(send.write(b"ping", end_stream=True))
-        inc = await w(server.accept())
-        assert await w(read_all(inc.recv)) == b"ping"
-        assert inc.send is not None
-        await w(inc.send.write(b"pong", end_stream=True))
-        assert await w(read_all(recv)) == b"pong"
+        await exchange(client, server)
         # everything sent was acknowledged: a retried aioquic client counted its first
         # Initial in flight for ever, and every close waited out drain's bound (2 s)
         assert await w(client.drain(5.0))
         await w(client.aclose())
-    finally:
-        transport.close()
     assert fwd.initial_sizes and min(fwd.initial_sizes) >= 1200, fwd.initial_sizes
     # only a qh3 server retries, and only a client padding after its Initial packet
     assert fwd.retried == (default_backend("server") == "qh3"

@@ -40,36 +40,49 @@ OBJECT = 32 * 1024
 
 class _RelayProcess:
     """``kvcs relay`` in its own process (as deployed): the relay gets its own core, so the
-    comparison with the direct path is not skewed by sharing one Python thread."""
+    comparison with the direct path is not skewed by sharing one Python thread. With
+    ``workers`` > 1, a supervisor and its workers in a process group of their own; ``pids``
+    is the supervisor's (or lone relay's) then each worker's."""
 
-    def __init__(self, data_dir: Path, size: int, backend: str = "aioquic",
-                 extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, data_dir: Path, size: int | str, backend: str = "aioquic",
+                 extra: tuple[str, ...] = (), workers: int = 1) -> None:
         self.data_dir = data_dir
         self.size = size
         self.backend = backend
         self.extra = extra
+        self.workers = workers
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
         self.metrics_port: int | None = None  # with "--metrics-listen 127.0.0.1:0" in extra
+        self.pids: list[int] = []
 
     async def __aenter__(self) -> _RelayProcess:
+        # (a later --memory-bytes or --metrics-listen in ``extra`` wins: click takes the last)
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "relay.cli", "relay", "--listen", "127.0.0.1:0",
             "--data-dir", str(self.data_dir), "--max-datagram-size", str(self.size),
             "--memory-bytes", str(2 << 30), "--quic-backend", self.backend,
-            "--metrics-listen", "off", *self.extra,
-            stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL)
+            "--metrics-listen", "off",
+            *(("--workers", str(self.workers)) if self.workers > 1 else ()), *self.extra,
+            stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+            start_new_session=self.workers > 1)
         assert self.proc.stderr is not None
-        async with asyncio.timeout(30):
+        # a supervisor says "ready ... with W workers (pids a,b)" once every worker is
+        # ready (each worker's own "ready" line comes before it); a lone relay, "ready on"
+        want = r"with \d+ workers \(pids ([\d,]+)\)" if self.workers > 1 else r"ready on"
+        async with asyncio.timeout(30 * self.workers):
             while True:
                 line = (await self.proc.stderr.readline()).decode()
                 if not line:
                     raise RuntimeError("relay exited before it was ready")
+                done = re.search(want, line)
                 m = re.search(r"ready on moqt://127\.0\.0\.1:(\d+)/", line)
-                if m:
+                if done and m:
                     self.port = int(m.group(1))
                     metrics = re.search(r"metrics=127\.0\.0\.1:(\d+)", line)
                     self.metrics_port = int(metrics.group(1)) if metrics else None
+                    self.pids = [self.proc.pid] + (
+                        [int(p) for p in done.group(1).split(",")] if self.workers > 1 else [])
                     break
         self._drainer = asyncio.ensure_future(self._drain())
         return self
@@ -85,7 +98,12 @@ class _RelayProcess:
         try:
             await asyncio.wait_for(self.proc.wait(), 30)
         except TimeoutError:
-            self.proc.kill()
+            if self.workers > 1:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:
+                self.proc.kill()
+            await self.proc.wait()
+        await self._drainer
 
     @property
     def url(self) -> str:

@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +31,7 @@ from typing import Any
 
 from benchmarks._proc import cpu_per_gb, cpu_seconds
 from benchmarks._report import report
+from benchmarks.bench_relay import _RelayProcess
 from relay.kvcs.plan import PublicationPlan
 from relay.kvcs.synthetic import synthetic_descriptor, synthetic_kv, synthetic_tokens
 from relay.peers.connect import RelayAccess
@@ -47,58 +45,14 @@ SHAPES = ((1, 1), (1, 2), (2, 1), (2, 2))  # workers x connections; 1x1 is the b
 BUSY_SHARE = 0.2  # a worker with this share of the relay's CPU of a fetch served part of it
 
 
-class _Relay:
-    """``kvcs relay --workers W`` as its own process group; knows its workers' pids."""
+class _Relay(_RelayProcess):
+    """``kvcs relay --workers W`` (bench_relay's relay process), room for the cache."""
 
     def __init__(self, data_dir: Path, workers: int, nbytes: int, backend: str) -> None:
-        self.data_dir, self.workers, self.nbytes = data_dir, workers, nbytes
-        self.backend = backend
-        self.proc: asyncio.subprocess.Process | None = None
-        self.port = 0
-        self.pids: list[int] = []
-
-    async def __aenter__(self) -> _Relay:
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "relay.cli", "relay", "--listen", "127.0.0.1:0",
-            "--data-dir", str(self.data_dir), "--workers", str(self.workers),
-            "--quic-backend", self.backend,
-            "--memory-bytes", str(4 * self.nbytes + (64 << 20)),
-            "--lmdb-bytes", str(4 * self.nbytes + (256 << 20)), "--metrics-listen", "off",
-            stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-            start_new_session=True)
-        assert self.proc.stderr is not None
-        # a supervisor says "ready ... with W workers (pids a,b)" once every worker is
-        # ready (each worker's own "ready" line comes before it); a lone relay, "ready on"
-        want = r"with \d+ workers \(pids ([\d,]+)\)" if self.workers > 1 else r"ready on"
-        async with asyncio.timeout(60):
-            while True:
-                line = (await self.proc.stderr.readline()).decode()
-                if not line:
-                    raise RuntimeError("relay exited before it was ready")
-                m = re.search(want, line)
-                port = re.search(r"ready on moqt://127\.0\.0\.1:(\d+)/", line)
-                if m and port:
-                    self.port = int(port.group(1))
-                    self.pids = [self.proc.pid] + (
-                        [int(p) for p in m.group(1).split(",")] if self.workers > 1 else [])
-                    break
-        self._drainer = asyncio.ensure_future(self._drain())
-        return self
-
-    async def _drain(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        while await self.proc.stderr.readline():
-            pass
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.proc.wait(), 30)
-        except TimeoutError:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            await self.proc.wait()
-        await self._drainer
+        super().__init__(data_dir, "auto", backend, workers=workers, extra=(
+            "--memory-bytes", str(4 * nbytes + (64 << 20)),
+            "--lmdb-bytes", str(4 * nbytes + (256 << 20))))
+        self.nbytes = nbytes
 
     def cpu(self) -> list[float]:
         """CPU seconds so far of the supervisor (or lone relay) and of each worker."""

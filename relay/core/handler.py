@@ -425,10 +425,7 @@ class RelayHandler(SessionHandler):
         except BaseException:
             fwd.close()
             raise
-        fwd.attach(served)
-        served.on_update = lambda msg: self._on_update(track, served, fwd, msg)
-        served.on_update_failed = lambda e: fwd.end_subscription(PublishDoneCode.UPDATE_FAILED,
-                                                                  e.reason)
+        self._serve_with(track, served, fwd)
         fwd.counters = relay.counters
         if fill_wanted:
             assert largest is not None
@@ -495,6 +492,15 @@ class RelayHandler(SessionHandler):
                  format_full_track_name(*name), hold * 1000)
         return track, RequestRejected(RequestErrorCode.TIMEOUT,
                                       "no publisher within RENDEZVOUS_TIMEOUT")
+
+    def _serve_with(self, track: RelayTrack, served: ServedSubscription,
+                    fwd: Forwarder) -> None:
+        """``fwd`` forwards to ``served`` (a SUBSCRIBE answered, or a PUBLISH accepted);
+        its REQUEST_UPDATEs change what is forwarded, and a failed one ends it (§7.5)."""
+        fwd.attach(served)
+        served.on_update = lambda msg: self._on_update(track, served, fwd, msg)
+        served.on_update_failed = lambda e: fwd.end_subscription(PublishDoneCode.UPDATE_FAILED,
+                                                                  e.reason)
 
     async def _on_update(self, track: RelayTrack, served: ServedSubscription, fwd: Forwarder,
                          msg: Any) -> Params:

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from relay.logs import reason_of
 from relay.moqt.codes import ParameterType, PublishDoneCode, RequestErrorCode
 from relay.moqt.params import Params
 from relay.moqt.primitives import (
@@ -74,8 +75,7 @@ class OfferingHandler(Protocol):
 
     def scheduler(self, session: MoqtSession) -> SessionScheduler: ...
 
-    async def _on_update(self, track: RelayTrack, served: Any, fwd: Forwarder, msg: Any
-                         ) -> Params: ...
+    def _serve_with(self, track: RelayTrack, served: Any, fwd: Forwarder) -> None: ...
 
 
 class TrackOffers:
@@ -211,15 +211,12 @@ class TrackOffers:
         except (SessionFailure, LinkError, TimeoutError) as e:
             fwd.close()
             log.info("PUBLISH of %s (SUBSCRIBE_TRACKS) not answered: %s",
-                     format_full_track_name(*name), str(e) or "no answer in time")
+                     format_full_track_name(*name), reason_of(e))
             return
         except BaseException:
             fwd.close()
             raise
-        fwd.attach(served)
-        served.on_update = lambda msg: handler._on_update(track, served, fwd, msg)
-        served.on_update_failed = lambda e: fwd.end_subscription(PublishDoneCode.UPDATE_FAILED,
-                                                                  e.reason)
+        handler._serve_with(track, served, fwd)
         if not track.live:
             fwd.upstream_done(PublishDoneCode.TRACK_ENDED, "track ended")
         await fwd.wait_finished(served.cancelled)

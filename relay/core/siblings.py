@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from relay.logs import reason_of
 from relay.moqt.messages import Setup
 from relay.session import (
     LinkError,
@@ -160,7 +161,7 @@ class SiblingLinks:
                 self.itself.add(url)
                 log.info("%s is this relay: not linked", what)
             else:
-                log.debug("no link to %s yet: %s", what, e or type(e).__name__)
+                log.debug("no link to %s yet: %s", what, reason_of(e))
             if session is not None and not session.closed:
                 await session.aclose()
             return False

@@ -6,6 +6,7 @@ import asyncio
 import os
 from dataclasses import dataclass
 
+from relay.logs import reason_of
 from relay.session import (
     MoqtSession,
     SessionConfig,
@@ -53,4 +54,4 @@ async def connect(url: str, access: RelayAccess, handler: SessionHandler | None 
     except TimeoutError:
         raise PeerError(f"relay {url}: no answer within {access.timeout:g} s") from None
     except (OSError, TransportError, SessionFailure, ValueError) as e:
-        raise PeerError(f"relay {url}: {e or type(e).__name__}") from None
+        raise PeerError(f"relay {url}: {reason_of(e)}") from None

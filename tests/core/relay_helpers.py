@@ -22,12 +22,15 @@ from relay.session import (
     NamespaceEvent,
     ReceivedObject,
     ServedSubscription,
+    SessionHandler,
     Source,
     StreamEnded,
     Subscription,
     SubscriptionDone,
     open_session,
 )
+from relay.session.wire import MOQT
+from relay.transport import Connection, Server, ensure_self_signed, serve
 
 TIMEOUT = 15.0
 
@@ -64,6 +67,18 @@ async def relay_at(data_dir: Path, *, upstream: Sequence[str] = (), port: int = 
 async def client(r: RunningRelay, *, wt: bool = False, **kw: object) -> MoqtSession:
     url = r.wt_url if wt else r.url
     return await asyncio.wait_for(open_session(url, ca_file=r.certfile, **kw), TIMEOUT)  # type: ignore[arg-type]
+
+
+async def serve_peer(tls_dir: Path, handler: SessionHandler) -> Server:
+    """A stand-in MOQT peer on 127.0.0.1 (an upstream relay, say) whose every session answers
+    with ``handler``; its URL is ``moqt://127.0.0.1:<port>/``."""
+
+    async def on_conn(conn: Connection) -> None:
+        s = await MoqtSession.start(conn, None, handler)
+        await s.wait_closed()
+
+    tls = ensure_self_signed(tls_dir)
+    return await serve("127.0.0.1", 0, tls.certfile, tls.keyfile, on_conn, application=MOQT)
 
 
 def group_payloads(group: int, n: int, size: int = 2000) -> list[bytes]:

@@ -12,13 +12,11 @@ import socket
 from pathlib import Path
 
 import pytest
-from relay_helpers import TIMEOUT, client, make_ns, push_track, relay_at
+from relay_helpers import TIMEOUT, client, make_ns, push_track, relay_at, serve_peer
 
 from relay.core.relay import RelayOptions
 from relay.moqt.primitives import FullTrackName
-from relay.session import Connection, IncomingPublish, MoqtSession, SessionHandler
-from relay.session.wire import MOQT
-from relay.transport import ensure_self_signed, serve
+from relay.session import IncomingPublish, SessionHandler
 
 
 async def _logged(caplog: pytest.LogCaptureFixture, pattern: str) -> str:
@@ -56,13 +54,7 @@ async def test_a_push_upstream_that_gets_no_answer_is_logged_with_a_reason(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     upstream = _SilentOnPublish()
-
-    async def on_conn(conn: Connection) -> None:
-        s = await MoqtSession.start(conn, None, upstream)
-        await s.wait_closed()
-
-    tls = ensure_self_signed(tmp_path / "tls")
-    srv = await serve("127.0.0.1", 0, tls.certfile, tls.keyfile, on_conn, application=MOQT)
+    srv = await serve_peer(tmp_path / "tls", upstream)
     a = await relay_at(tmp_path / "a", upstream=[f"moqt://127.0.0.1:{srv.port}/"],
                        options=RelayOptions(upstream_push=True, default_fill_timeout=0.3))
     try:

@@ -10,7 +10,15 @@ import os
 from pathlib import Path
 
 import numpy as np
-from relay_helpers import TIMEOUT, client, complete_track, fetch_objects, make_ns, relay_at
+from relay_helpers import (
+    TIMEOUT,
+    client,
+    complete_track,
+    fetch_objects,
+    make_ns,
+    relay_at,
+    serve_peer,
+)
 
 from relay.admin import links_state
 from relay.core.namespaces import CACHE, PublisherEntry
@@ -28,14 +36,11 @@ from relay.peers.publisher import PublishOptions, publish_plan
 from relay.peers.subscriber import RetrieveOptions, retrieve
 from relay.service import RunningRelay
 from relay.session import (
-    Connection,
     IncomingPublishNamespace,
     MoqtSession,
     ReceivedObject,
     SessionHandler,
 )
-from relay.session.wire import MOQT
-from relay.transport import ensure_self_signed, serve
 from storage.interface import StoredObject
 from storage.lmdb_store import LmdbStore
 
@@ -253,13 +258,7 @@ class _AnswersTheSecondTime(SessionHandler):
 
 async def test_an_announcement_that_failed_is_sent_again(tmp_path: Path) -> None:
     upstream = _AnswersTheSecondTime()
-
-    async def on_conn(conn: Connection) -> None:
-        s = await MoqtSession.start(conn, None, upstream)
-        await s.wait_closed()
-
-    tls = ensure_self_signed(tmp_path / "tls")
-    srv = await serve("127.0.0.1", 0, tls.certfile, tls.keyfile, on_conn, application=MOQT)
+    srv = await serve_peer(tmp_path / "tls", upstream)
     a = await relay_at(tmp_path / "a", upstream=[f"moqt://127.0.0.1:{srv.port}/"],
                        options=RelayOptions(default_fill_timeout=0.3))
     try:

@@ -18,13 +18,13 @@ import asyncio
 import contextlib
 import logging
 import re
-import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import interop_sys_path  # noqa: F401  (before relay_helpers: puts tests/core on sys.path)
 import pytest
+from processes import free_udp_port, ready_process
 from relay_helpers import TIMEOUT, client, relay_at, wait_namespace
 from udp_forwarder import ServerInitials, forwarding
 
@@ -195,36 +195,17 @@ async def wait_announced(r: RunningRelay, namespace: tuple[bytes, ...]) -> None:
 # -- 4. our publisher against aiomoqt's relay -------------------------------------------------
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def aiomoqt_relay(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     """aiomoqt's ``moq_interop_relay`` (raw QUIC, draft-22) on 127.0.0.1: its URL and the
     certificate it serves. (It takes a port, not 0: it would not say which one it got.)"""
     paths = ensure_self_signed(tmp_path / "tls")
     port = free_udp_port()
-    proc = await asyncio.create_subprocess_exec(
-        PY, "-m", "aiomoqt.tools.moq_interop_relay", "--bind", "127.0.0.1", "--port",
-        str(port), "--cert", str(paths.certfile), "--key", str(paths.keyfile), "--quic",
-        "--draft", "22", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    assert proc.stdout is not None
-    drain = None
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while b"Listening on" not in (line := await proc.stdout.readline()):
-                assert line, "aiomoqt's relay exited before it listened"
-        drain = asyncio.ensure_future(proc.stdout.read())  # never block on a full pipe
+    argv = [PY, "-m", "aiomoqt.tools.moq_interop_relay", "--bind", "127.0.0.1", "--port",
+            str(port), "--cert", str(paths.certfile), "--key", str(paths.keyfile), "--quic",
+            "--draft", "22"]
+    async with ready_process(argv, rb"Listening on", TIMEOUT, "aiomoqt's relay"):
         yield f"moqt://127.0.0.1:{port}/", paths.certfile
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await asyncio.wait_for(proc.wait(), TIMEOUT)
-        if drain is not None:
-            drain.cancel()
 
 
 SCOPE_KEY = bytes(range(32))

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import shutil
 import socket
 from collections.abc import AsyncIterator
@@ -24,6 +23,7 @@ from urllib.parse import quote
 import pytest
 from admin_helpers import http
 from ops_http import http_get
+from processes import ready_process
 from relay_helpers import TIMEOUT, client, make_ns, push_track
 from test_ops_metrics import _relay
 from test_ops_workers import info, workers
@@ -104,25 +104,13 @@ async def prometheus(tmp: Path, target: str) -> AsyncIterator[int]:
     cfg.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
                    "scrape_configs:\n  - job_name: kvcs\n    static_configs:\n"
                    f"      - targets: ['{target}']\n")
-    proc = await asyncio.create_subprocess_exec(
-        prometheus_tool("prometheus"), f"--config.file={cfg}",
-        f"--storage.tsdb.path={tmp / 'data'}", "--web.listen-address=127.0.0.1:0",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    assert proc.stderr is not None
-    drain = None
+    argv = [prometheus_tool("prometheus"), f"--config.file={cfg}",
+            f"--storage.tsdb.path={tmp / 'data'}", "--web.listen-address=127.0.0.1:0"]
     try:
-        async with asyncio.timeout(TIMEOUT):
-            while not (m := re.search(rb'msg="Listening on" address=127\.0\.0\.1:(\d+)',
-                                      line := await proc.stderr.readline())):
-                assert line, "prometheus exited before it listened"
-        drain = asyncio.ensure_future(proc.stderr.read())  # never block on a full pipe
-        yield int(m.group(1))
+        async with ready_process(argv, rb'msg="Listening on" address=127\.0\.0\.1:(\d+)',
+                                 TIMEOUT, "prometheus") as m:
+            yield int(m.group(1))
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await asyncio.wait_for(proc.wait(), TIMEOUT)
-        if drain is not None:
-            drain.cancel()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -148,7 +136,7 @@ async def wait_target_up(port: int) -> None:
             if health and "connection refused" not in health[0][1]:
                 # scraped, and refused by Prometheus: what it said is the failure
                 assert health[0][0] != "down", health
-            await asyncio.sleep(0.1)  # the API has no event to wait for: bounded poll
+            await asyncio.sleep(0.02)  # poll step: the API has no event to wait for
 
 
 async def query(port: int, promql: str) -> list[tuple[dict[str, str], str]]:

@@ -71,13 +71,19 @@ def moq_client(r: RunningRelay) -> Any:
                        reconnect=False)
 
 
-async def moq_track(mpub: Any, msub: Any, path: str) -> tuple[Any, Any, Any]:
+async def moq_announce(mpub: Any, msub: Any, path: str) -> tuple[Any, Any, Any]:
     """A moq-rs publisher's broadcast ``path`` with Track ``t0`` announced through the relay,
-    and a moq-rs subscription to it: (broadcast, its track producer, the track consumer)."""
+    as ``msub`` sees it: (broadcast, its track producer, the broadcast consumer)."""
     bcast = mpub.create_broadcast(path)
     track = bcast.publish_track("t0")
     bcast.announce()
-    consumer = await asyncio.wait_for(msub.announced_broadcast(path), TIMEOUT)
+    return bcast, track, await asyncio.wait_for(msub.announced_broadcast(path), TIMEOUT)
+
+
+async def moq_track(mpub: Any, msub: Any, path: str) -> tuple[Any, Any, Any]:
+    """``moq_announce``, and a moq-rs subscription to the Track: (broadcast, its track
+    producer, the track consumer)."""
+    bcast, track, consumer = await moq_announce(mpub, msub, path)
     tc = await asyncio.wait_for(consumer.subscribe_track("t0", NO_SKIP), TIMEOUT)
     return bcast, track, tc
 
@@ -185,10 +191,7 @@ async def test_a_moqrs_group_with_no_frame_reaches_every_subscriber(
     r = await relay_at(tmp_path)
     try:
         async with moq_client(r) as mpub, moq_client(r) as msub:
-            bcast = mpub.create_broadcast("iop/empty")
-            track = bcast.publish_track("t0")
-            bcast.announce()
-            consumer = await asyncio.wait_for(msub.announced_broadcast("iop/empty"), TIMEOUT)
+            _bcast, track, consumer = await moq_announce(mpub, msub, "iop/empty")
             first = 0 if join == "before" else 1
             if first:  # the relay learns Group 0 with the fill of its first SUBSCRIBE
                 moq_group(track, sent[0])

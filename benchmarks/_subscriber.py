@@ -32,7 +32,7 @@ def _print_ready() -> None:
     print("ready", flush=True)
 
 
-async def run(url: str, ca: str, namespace_hex: str, name: str, total: int, size: int,
+async def run(url: str, ca: str, namespace_hex: str, name: str, total: int, size: int | str,
               backend: str, ready: Callable[[], None] = _print_ready) -> dict[str, float]:
     session = await open_session(url, ca_file=ca,
                                  settings=QuicSettings(max_datagram_size=size, backend=backend))
@@ -63,7 +63,8 @@ async def run(url: str, ca: str, namespace_hex: str, name: str, total: int, size
 
 def main() -> None:
     url, ca, ns, name, total, size, backend = sys.argv[1:8]
-    result = asyncio.run(run(url, ca, ns, name, int(total), int(size), backend))
+    result = asyncio.run(run(url, ca, ns, name, int(total),
+                             size if size == "auto" else int(size), backend))
     print(json.dumps(result), flush=True)
 
 

@@ -64,7 +64,7 @@ def _namespace_subscriptions(metrics_port: int) -> float:
 
 
 def _relay(tmp: Path, backend: str, nbytes: int, metrics_port: int) -> _RelayProcess:
-    return _RelayProcess(tmp, 1200, backend, extra=(
+    return _RelayProcess(tmp, "auto", backend, extra=(
         "--memory-bytes", str(4 * nbytes + (64 << 20)),
         "--lmdb-bytes", str(4 * nbytes + (256 << 20)),
         "--metrics-listen", f"127.0.0.1:{metrics_port}"))

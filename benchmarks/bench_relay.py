@@ -1,7 +1,8 @@
 """The relay on both QUIC backends, side by side in one run: 1 publisher -> relay -> 1 and
 -> 8 subscribers, and FETCH of the completed publication from memory and from LMDB, at 1200-
-and 8952-byte datagrams; plus the same 1 -> 1 and 1 -> 8 through the moq-rs wheel's own
-server (``benchmarks/_moqrs.py``), the relay a user would pick instead.
+and 8952-byte datagrams and at the default (``auto``: the route's MTU, 16384 on loopback);
+plus the same 1 -> 1 and 1 -> 8 through the moq-rs wheel's own server
+(``benchmarks/_moqrs.py``), the relay a user would pick instead.
 
 32 KiB Objects, L layers x B blocks (default 8 x 64 = 16 MiB per Track; BENCH_RELAY_LAYERS /
 BENCH_RELAY_BLOCKS change it). The relay runs as its own process (``kvcs relay
@@ -58,8 +59,12 @@ class _RelayProcess:
 
     async def __aenter__(self) -> _RelayProcess:
         # (a later --memory-bytes or --metrics-listen in ``extra`` wins: click takes the last)
+        # BENCH_PROFILE=path: each relay runs under cProfile, into path.<data dir's name>
+        profile = os.environ.get("BENCH_PROFILE")
+        profile = profile and f"{profile}.{self.data_dir.parent.name}.{self.data_dir.name}"
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "relay.cli", "relay", "--listen", "127.0.0.1:0",
+            sys.executable, *(("-m", "cProfile", "-o", profile) if profile else ()),
+            "-m", "relay.cli", "relay", "--listen", "127.0.0.1:0",
             "--data-dir", str(self.data_dir), "--max-datagram-size", str(self.size),
             "--memory-bytes", str(2 << 30), "--quic-backend", self.backend,
             "--metrics-listen", "off",
@@ -114,7 +119,7 @@ class _RelayProcess:
         return self.data_dir / "tls" / "cert.pem"
 
 
-async def _client(r: _RelayProcess, size: int) -> MoqtSession:
+async def _client(r: _RelayProcess, size: int | str) -> MoqtSession:
     return await open_session(r.url, settings=QuicSettings(max_datagram_size=size,
                                                            backend=r.backend),
                               ca_file=r.certfile)
@@ -248,7 +253,7 @@ async def _fetch_all(r: _RelayProcess, name: FullTrackName, size: int, total: in
 BACKENDS = ("aioquic", "qh3")
 
 
-async def _run(sizes: list[int], layers: int, blocks: int, fanouts: list[int],
+async def _run(sizes: list[int | str], layers: int, blocks: int, fanouts: list[int],
                workers: int) -> list[list[Any]]:
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -280,31 +285,35 @@ def _ms(v: Any) -> Any:
 
 async def _moqrs_rows(layers: int, blocks: int, fanouts: list[int],
                       qh3_rows: list[list[Any]]) -> list[list[Any]]:
-    """The same fan-out through moq-rs's own server, next to our qh3 relay at 1200 bytes."""
+    """The same fan-out through moq-rs's own server, next to our qh3 relay at 1200 bytes and
+    at the default (``auto``, the route's MTU: 16384 on loopback). moq-rs (quinn) starts at
+    1200 and probes the path up to 1452 at most, whatever the interface allows."""
     from benchmarks import _moqrs
 
     rows = []
     for n in fanouts:
         r = await _moqrs.moqrs_fanout(layers * blocks * OBJECT, OBJECT, n, layers)
-        ours = next((row[3] for row in qh3_rows if row[0] == f"relay 1->{n}"
-                     and row[1] == 1200), None)
-        ours_cpu = next((row[8] for row in qh3_rows if row[0] == f"relay 1->{n}"
-                         and row[1] == 1200), "")
-        rows.append([f"moq-rs server 1->{n}", "~1200", "", round(r["mbps_per_subscriber"], 1),
-                     round(ours / r["mbps_per_subscriber"], 2) if ours else "",
-                     "", round(r["median_latency_ms"], 1), "",
-                     round(r["server_cpu_s_per_gb"], 2), "", ""])
-        if ours_cpu != "" and r["server_cpu_s_per_gb"]:
-            rows.append([f"CPU/GB: our qh3 relay / moq-rs, 1->{n}", 1200, "", "",
-                         round(float(ours_cpu) / r["server_cpu_s_per_gb"], 2), "", "", "",
-                         "", "", ""])
+        theirs, their_cpu = r["mbps_per_subscriber"], r["server_cpu_s_per_gb"]
+        rows.append([f"moq-rs server 1->{n}", "~1200", "", round(theirs, 1), "",
+                     "", round(r["median_latency_ms"], 1), "", round(their_cpu, 2), "", ""])
+        for size in (1200, "auto"):
+            ours = next((row for row in qh3_rows if row[0] == f"relay 1->{n}"
+                         and row[1] == size), None)
+            if ours is None:
+                continue
+            rows.append([f"our qh3 relay / moq-rs, 1->{n}: MB/s", size, "", "",
+                         round(ours[3] / theirs, 2), "", "", "", "", "", ""])
+            if ours[8] != "" and their_cpu:
+                rows.append([f"our qh3 relay / moq-rs, 1->{n}: CPU/GB", size, "", "",
+                             round(float(ours[8]) / their_cpu, 2), "", "", "", "", "", ""])
     return rows
 
 
 def main() -> None:
     layers = int(os.environ.get("BENCH_RELAY_LAYERS", "8"))
     blocks = int(os.environ.get("BENCH_RELAY_BLOCKS", "64"))
-    sizes = [int(x) for x in os.environ.get("BENCH_RELAY_SIZES", "1200,8952").split(",")]
+    sizes: list[int | str] = [x if x == "auto" else int(x) for x in
+                              os.environ.get("BENCH_RELAY_SIZES", "1200,8952,auto").split(",")]
     fanouts = [int(x) for x in os.environ.get("BENCH_RELAY_FANOUT", "1,8").split(",")]
     workers = int(os.environ.get("BENCH_RELAY_WORKERS", "2"))
     rows = asyncio.run(_run(sizes, layers, blocks, fanouts, workers))
@@ -318,11 +327,12 @@ def main() -> None:
                   "workers": workers,
                   "note": "MB/s per subscriber; relay and each subscriber in their own "
                           "process, publisher and FETCH client in the benchmark's; moq-rs "
-                          "rows: qh3_MB/s column holds moq-rs's figure and qh3/aioquic "
-                          "holds our qh3 relay / moq-rs at 1200 bytes; cpu_s/GB: the relay "
+                          "rows: qh3_MB/s column holds moq-rs's figure; the 'our qh3 relay / "
+                          "moq-rs' rows' qh3/aioquic column holds the ratio at that "
+                          "datagram size (moq-rs: quinn's own, 1200 probed up); cpu_s/GB: "
+                          "the relay "
                           "process's (or moq-rs server's) utime + stime from /proc over the "
-                          "transfer, per GB delivered to all subscribers; the CPU/GB row's "
-                          "qh3/aioquic column is our qh3 relay's / moq-rs's; pub/sub: the "
+                          "transfer, per GB delivered to all subscribers; pub/sub: the "
                           "publisher's (this process's) and a subscriber's own CPU seconds "
                           "per GB each handled (mean over subscribers)"})
 

@@ -42,12 +42,29 @@ _ZSTD_FEED = 16 * 1024  # input fed per step, so a hostile frame cannot expand u
 # -- raw sections ------------------------------------------------------------------------------
 
 
+def raw_view(arr: np.ndarray) -> np.ndarray:
+    """``arr`` viewed as unsigned integers of its element size, for moving elements without
+    reading them: numpy copies an ml_dtypes array (bfloat16, float8) element by element
+    through the type's own functions, about 20x slower than the same octets as integers."""
+    if arr.dtype.kind in "biufc" or arr.dtype.itemsize not in (1, 2, 4, 8):
+        return arr
+    return arr.view(np.dtype(f"u{arr.dtype.itemsize}").newbyteorder(arr.dtype.byteorder))
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src``: as raw elements when both have one dtype (see ``raw_view``)."""
+    if dst.dtype == src.dtype:
+        raw_view(dst)[...] = raw_view(src)
+    else:
+        dst[...] = src
+
+
 def le_bytes(arr: np.ndarray) -> bytes:
     """C-order little-endian octets of ``arr`` (ml_dtypes types are native-order)."""
     if arr.dtype.itemsize > 1 and (arr.dtype.byteorder == ">" or (
             arr.dtype.byteorder in "=|" and sys.byteorder == "big")):
         arr = arr.byteswap()
-    return np.ascontiguousarray(arr).tobytes()
+    return np.ascontiguousarray(raw_view(arr)).tobytes()
 
 
 def from_le_bytes(data: bytes | memoryview, dtype: np.dtype[Any], shape: Sequence[int]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import decode_data
+from .codecs import copy_into, decode_data
 from .errors import MixedPublicationError, ReassemblyError
 from .manifest import Manifest
 from .payload import VerifiedObject
@@ -143,9 +143,9 @@ class SegmentReassembler:
         B = self.manifest.block_tokens
         tokens = slice(h.block_index * B, (h.block_index + 1) * B)
         if k is not None:
-            self.k[h.layer, :, tokens, :] = k
+            copy_into(self.k[h.layer, :, tokens, :], k)
         if v is not None:
-            self.v[h.layer, :, tokens, :] = v
+            copy_into(self.v[h.layer, :, tokens, :], v)
         self._have[key].add(h.block_index)
         if self._layer_done(h.layer) and h.layer not in self.layer_ready_at:
             self.layer_ready_at[h.layer] = self.clock()

@@ -10,11 +10,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from relay.kvcs.codecs import (
+    copy_into,
     decode_data,
     encode_data,
     int8_dequantize,
     int8_quantize,
+    le_bytes,
     raw_section,
+    raw_view,
     section,
 )
 from relay.kvcs.descriptor import DTYPES, Descriptor
@@ -160,3 +163,21 @@ def test_int8_refuses_unrepresentable(value: float) -> None:
     x[0, 0, 1] = value
     with pytest.raises(CodecError):
         int8_quantize(x)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float16", "float32"])
+def test_raw_moves_keep_every_element_bit_for_bit(dtype: str) -> None:
+    # raw_view moves ml_dtypes elements as integers; a wrong width or byte order would show
+    # here as different octets or values
+    dt = DTYPES[dtype]
+    src = np.arange(2 * 6 * 4, dtype=np.float32).reshape(2, 6, 4).astype(dt)
+    strided = src[:, 1:5, :]
+    assert le_bytes(strided) == np.ascontiguousarray(strided).tobytes()
+    assert raw_view(src).dtype.itemsize == src.dtype.itemsize
+    dst = np.zeros((2, 8, 4), dt)
+    copy_into(dst[:, 2:6, :], strided)
+    assert dst[:, 2:6, :].tobytes() == np.ascontiguousarray(strided).tobytes()
+    assert not dst[:, :2, :].any() and not dst[:, 6:, :].any()
+    widened = np.zeros((2, 4, 4), np.float32)
+    copy_into(widened, strided)  # another dtype: a conversion, not a move of octets
+    assert (widened == strided.astype(np.float32)).all()

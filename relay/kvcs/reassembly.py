@@ -120,11 +120,13 @@ class SegmentReassembler:
             )
         self._sources[source.pub_id] = det
 
-    def accept(self, track: str, obj: VerifiedObject, source: Source) -> list[int]:
+    def accept(self, track: str, obj: VerifiedObject, source: Source, *,
+               checked: bool = False) -> list[int]:
         """Place one verified Object; return the layers that became usable (0 or 1 of them).
 
         Objects outside the selected blocks/layers and duplicates are ignored. The header is
-        checked against the source's manifest (including its listed digest, if any).
+        checked against the source's manifest (including its listed digest, if any), unless
+        ``checked`` says the caller already did (``source.manifest.check_object``).
         """
         name = parse_track_name(track)
         h = obj.header
@@ -136,7 +138,8 @@ class SegmentReassembler:
         if h.block_index in self._have[key]:
             return []
         self._check_source(source)
-        source.manifest.check_object(name, obj)
+        if not checked:
+            source.manifest.check_object(name, obj)
         assert isinstance(name, DataTrackName) and name.codec_value is not None
         k, v = decode_data(name.codec_value, name.component, obj.data,
                            self.manifest.compat, out_dtype=self.k.dtype)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import TrackNameError, UnknownCodecError
 from .registry import Codec, Component, codec_by_name
@@ -44,6 +44,8 @@ class DataTrackName:
     component: Component
     codec: str
     segment: int
+    _codec_value: Codec | None = field(init=False, repr=False, compare=False)
+    _text: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.component, Component):
@@ -53,9 +55,17 @@ class DataTrackName:
         if isinstance(self.segment, bool) or not isinstance(self.segment, int) \
                 or self.segment < 0:
             raise TrackNameError(f"segment must be a non-negative integer, not {self.segment!r}")
+        # A consumer asks both for every Object it checks (several times each, 16,384 Objects
+        # in a 512 MiB cache): the name is immutable, so they are made once.
+        try:
+            codec: Codec | None = codec_by_name(self.codec)
+        except UnknownCodecError:
+            codec = None
+        object.__setattr__(self, "_codec_value", codec)
+        object.__setattr__(self, "_text", f"{self.component.label}.{self.codec}.s{self.segment}")
 
     def __str__(self) -> str:
-        return f"{self.component.label}.{self.codec}.s{self.segment}"
+        return self._text
 
     def encode(self) -> bytes:
         return str(self).encode("ascii")
@@ -63,10 +73,7 @@ class DataTrackName:
     @property
     def codec_value(self) -> Codec | None:
         """The registry entry, or None for a codec this library does not implement."""
-        try:
-            return codec_by_name(self.codec)
-        except UnknownCodecError:
-            return None
+        return self._codec_value
 
 
 TrackName = ManifestTrackName | DataTrackName

@@ -247,7 +247,8 @@ class RetrievalState:
         try:
             obj, listed = check_object(manifest, track, group, object_id, payload)
             # Mixing publications in one segment raises MixedPublicationError (5.4).
-            target.reasm.accept(track, obj, Source(self.namespace.pub_id, manifest))
+            target.reasm.accept(track, obj, Source(self.namespace.pub_id, manifest),
+                                checked=True)
         except KvcsError as e:
             stats.discarded += 1
             if len(self.discard_reasons) < 50:

@@ -31,6 +31,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks._proc import peak_rss, run_measured
 from benchmarks._report import pyplot, report
 from benchmarks.bench_relay import _RelayProcess
@@ -106,12 +108,25 @@ async def _run(layers: int, blocks: int, layer_ms: float, backend: str
                              first_produced))
             series["live"] = _usable(res.report, shift)
 
-            opts = RetrieveOptions(access, d, SCOPE_KEY, tokens, mode="completed",
-                                   publications=[(plan.namespace, None)])
-            res = await asyncio.wait_for(retrieve(opts), 600)
-            rows.append(_row(backend, "completed", res.report, 0.0, produced, summary.bytes,
-                             None))
-            series["completed"] = _usable(res.report, 0.0)
+            # An engine retrieves into KV buffers it allocated once; a fresh process's first
+            # touch of new memory is the host's to price (on these VMs 0.1-1.3 s per 512
+            # MiB, run to run): the same FETCH again into the same arrays shows the rest.
+            held: list[tuple[np.ndarray, np.ndarray]] = []
+
+            def engine_buffer(shape: tuple[int, int, int, int]
+                              ) -> tuple[np.ndarray, np.ndarray]:
+                if not held:
+                    held.append((np.zeros(shape, d.dtype), np.zeros(shape, d.dtype)))
+                return held[0]
+
+            for mode in ("completed", "completed, buffer reused"):
+                opts = RetrieveOptions(access, d, SCOPE_KEY, tokens, mode="completed",
+                                       publications=[(plan.namespace, None)],
+                                       allocate=engine_buffer)
+                res = await asyncio.wait_for(retrieve(opts), 600)
+                rows.append(_row(backend, mode, res.report, 0.0, produced, summary.bytes,
+                                 None))
+                series[mode] = _usable(res.report, 0.0)
     return rows, series
 
 

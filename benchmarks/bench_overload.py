@@ -66,7 +66,7 @@ async def _relay(kind: str, tmp: Path) -> AsyncIterator[tuple[str, int]]:
     if kind != BASELINE:
         backend, _, hold = kind.partition(":")
         extra = ("--ingest-hold-bytes", hold) if hold else ()
-        async with _RelayProcess(tmp, 1200, backend, extra) as r:
+        async with _RelayProcess(tmp, "auto", backend, extra) as r:
             assert r.proc is not None
             yield r.url.rstrip("/"), r.proc.pid
         return

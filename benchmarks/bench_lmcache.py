@@ -127,7 +127,11 @@ def _wait_line(proc: subprocess.Popen[str], pattern: str, timeout: float) -> re.
 
 
 def _relay(folder: Path, backend: str) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "relay", "--listen",
+    # BENCH_PROFILE=path: the relay runs under cProfile, into path.<backend> (as bench_relay)
+    profile = os.environ.get("BENCH_PROFILE")
+    profile = profile and f"{profile}.{backend}"
+    proc = subprocess.Popen([sys.executable, *(("-m", "cProfile", "-o", profile) if profile
+                                               else ()), "-m", "relay.cli", "relay", "--listen",
                              "127.0.0.1:0", "--data-dir", str(folder), "--metrics-listen",
                              "off", "--quic-backend", backend],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

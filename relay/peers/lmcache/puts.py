@@ -70,6 +70,7 @@ class _Put:
     ends: dict[str, Location] = field(default_factory=dict)  # End of Track per track
     wait: float = CONFIRM_FIRST  # until the next TRACK_STATUS
     next_check: float = 0.0
+    asked: bool = False  # a TRACK_STATUS went out
     over: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -174,9 +175,17 @@ class ChunkPuts:
             now = time.monotonic()
             due = [p for p in self._written if p.next_check <= now]
             if not due:
-                # no event says when the relay has taken a chunk in: it is polled
-                await asyncio.sleep(min(p.next_check for p in self._written) - now)
+                # no event says when the relay has taken a chunk in: it is polled, and asked
+                # at once when QUIC has nothing of ours unacknowledged any more (the last
+                # put's Objects are all at the relay) instead of after the first wait
+                wait = min(p.next_check for p in self._written) - now
+                fresh = [p for p in self._written if not p.asked]
+                if fresh and await fresh[-1].push.session.conn.drain(wait):
+                    for p in fresh:
+                        p.next_check = 0.0
                 continue
+            for p in due:
+                p.asked = True
             held = await asyncio.gather(*(self._held(p) for p in due))
             now = time.monotonic()
             for p, ok in zip(due, held, strict=True):

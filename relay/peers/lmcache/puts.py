@@ -4,12 +4,13 @@ A put is one publication (mapping.py): PUBLISH of its two tracks and PUBLISH_NAM
 three in flight at once, then its Objects; it returns once they are queued in QUIC, so the
 next chunk's Objects follow without waiting on this one's confirmation. The chunks of one
 store (``put_many``) send their requests all at once, and their Objects one chunk after the
-other: no round trip falls between two chunks' Objects. One
-confirmer asks TRACK_STATUS of every put written but not yet confirmed, all at once, until
-each track's Largest Object is its End of Track (the relay holds the whole chunk; the same
-test a lookup makes). Then the put is over: its namespace is withdrawn (the relay lists a
-pushed Track's namespace on its own until LMDB holds it), its request streams end, and its
-reference on LMCache's buffer is released.
+other. One confirmer asks TRACK_STATUS of every put written but not yet confirmed, all at
+once, until each track's Largest Object is its End of Track (the relay holds the whole chunk;
+the same test a lookup makes): first when the relay has acknowledged everything the session
+sent, or ``CONFIRM_FIRST`` after the put was written if that comes first, then backing off.
+Then the put is over: its namespace is withdrawn (the relay lists a pushed Track's namespace
+on its own until LMDB holds it), its request streams end, and its reference on LMCache's
+buffer is released.
 
 Until then the put holds a reference on LMCache's buffer (``ref_count_up``) and the session's
 handler answers the relay's FETCHes of the chunk from it (MOQT-PROFILE 15.1 step 6), without a

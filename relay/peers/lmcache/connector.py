@@ -307,16 +307,16 @@ class KvcsConnector(RemoteConnector):
             session = self.link.current
             if session is None:
                 return  # the lookup could not reach the relay: no second wait to publish
-            puts = []
             for (key, obj), there in zip(full, held, strict=True):
+                if session.closed:
+                    return  # lost under an earlier put of this batch: the rest is dropped
                 names = self.names(key)
                 if there or self.puts.in_flight(names.namespace.pub_id):
                     self.puts.stats.skipped += 1
                     continue  # the same chunk, published already (its names are deterministic)
                 plan = ChunkPlan(_bytes_of(obj, self.full_chunk_size_bytes), names,
                                  self.settings.scope_key)
-                puts.append((plan, obj.ref_count_up, obj.ref_count_down))
-            await self.puts.put_many(session, puts)
+                await self.puts.put(session, plan, obj.ref_count_up, obj.ref_count_down)
         except Exception as e:
             log.warning("KVCS put failed: %s", reason_of(e))
         finally:

@@ -2,9 +2,8 @@
 
 A put is one publication (mapping.py): PUBLISH of its two tracks and PUBLISH_NAMESPACE, all
 three in flight at once, then its Objects; it returns once they are queued in QUIC, so the
-next chunk's Objects follow without waiting on this one's confirmation. The chunks of one
-store (``put_many``) send their requests all at once, and their Objects one chunk after the
-other. One confirmer asks TRACK_STATUS of every put written but not yet confirmed, all at
+next chunk's requests and Objects follow without waiting on this one's confirmation. One
+confirmer asks TRACK_STATUS of every put written but not yet confirmed, all at
 once, until each track's Largest Object is its End of Track (the relay holds the whole chunk;
 the same test a lookup makes): first when the relay has acknowledged everything the session
 sent, or ``CONFIRM_FIRST`` after the put was written if that comes first, then backing off.
@@ -85,37 +84,14 @@ class ChunkPuts:
         self._written: list[_Put] = []  # to confirm
         self._freed = asyncio.Event()  # a put ended: its place in the window is free
         self._confirmer: asyncio.Task[None] | None = None
-        self._turn: asyncio.Future[None] | None = None  # the last put's Objects are queued
 
     def in_flight(self, pub_id: bytes) -> bool:
         return pub_id in self._in_flight
 
-    async def put_many(self, session: MoqtSession,
-                       chunks: list[tuple[ChunkPlan, Callable[[], None], Callable[[], None]]]
-                       ) -> None:
-        """``put`` of every (plan, hold, release) together: every chunk's requests go out at
-        once, so their round trips overlap the Objects of the chunks before (one round trip
-        per chunk, with nothing sent meanwhile, was a tenth of a put of 11 MiB chunks)."""
-        await asyncio.gather(*(self.put(session, *c) for c in chunks))
-
     async def put(self, session: MoqtSession, plan: ChunkPlan, hold: Callable[[], None],
                   release: Callable[[], None]) -> None:
         """Publish ``plan`` on ``session``; returns once its Objects are queued. ``hold`` and
-        ``release`` take and give back a reference on the buffer the plan reads.
-
-        Puts may be called together (``put_many``, or LMCache's concurrent ``put`` calls):
-        each sends its requests at once, and its Objects follow those of the puts called
-        before it, one chunk after the other on the wire, not interleaved."""
-        before, turn = self._turn, asyncio.get_running_loop().create_future()
-        self._turn = turn
-        try:
-            await self._put(session, plan, hold, release, before)
-        finally:
-            if not turn.done():
-                turn.set_result(None)  # the next put's Objects may go
-
-    async def _put(self, session: MoqtSession, plan: ChunkPlan, hold: Callable[[], None],
-                   release: Callable[[], None], before: asyncio.Future[None] | None) -> None:
+        ``release`` take and give back a reference on the buffer the plan reads."""
         pub_id = plan.namespace.pub_id
         deadline = time.monotonic() + self.timeout
         while len(self._in_flight) >= MAX_IN_FLIGHT:  # the window is full: wait, bounded
@@ -130,8 +106,6 @@ class ChunkPuts:
         self._in_flight[pub_id] = p
         try:
             await self._start(p)
-            if before is not None:
-                await asyncio.wait([before])  # (not cancelled with this put)
             await self._produce(p)
         except Exception as e:
             self._end(p, e)

@@ -115,7 +115,8 @@ class ChunkPuts:
             raise
         now = time.monotonic()
         p.deadline = now + self.timeout
-        p.next_check = now + p.wait  # what is still queued in QUIC goes out meanwhile
+        # asked then at the latest: what QUIC still queues of it goes out meanwhile
+        p.next_check = now + CONFIRM_FIRST
         self.stats.published += 1
         self._written.append(p)
         if self._confirmer is None or self._confirmer.done():
@@ -158,6 +159,10 @@ class ChunkPuts:
                 if fresh and await fresh[-1].push.session.conn.drain(wait):
                     for p in fresh:
                         p.next_check = 0.0
+                    continue
+                # not drained in time, or the session is gone (drain returns at once)
+                await asyncio.sleep(max(0.0, min(p.next_check for p in self._written)
+                                        - time.monotonic()))
                 continue
             for p in due:
                 p.asked = True

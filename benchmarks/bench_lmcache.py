@@ -9,8 +9,9 @@ once; ours until the relay confirmed every chunk, ``lm://`` until its socket too
 get MiB/s (a retrieve's chunks as RemoteBackend gets them: ``batched_get`` where the
 connector has it, else every ``get`` at once), get MiB/s with the chunks one after another,
 the first chunk's latency (one ``get`` alone, session already up), one batched lookup of
-every key, and whether every chunk came back bit for bit. For the relay, once per QUIC
-backend.
+every key, the CPU seconds of a put and of a get in this process (the connector) and in the
+server (every thread: the relay's LMDB writer too), and whether every chunk came back bit for
+bit. For the relay, once per QUIC backend.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks._proc import cpu_seconds
 from benchmarks._report import report
 
 LAYERS, KV_HEADS, HEAD_DIM, CHUNK = 30, 3, 64, 256  # SmolLM2-135M, float32
@@ -55,7 +57,18 @@ def _engine(extra: dict[str, Any]) -> tuple[Any, Any, Any]:
     return config, md, LocalCPUBackend(config, md)
 
 
-async def _run(url: str, extra: dict[str, Any], chunks: list[bytes]) -> dict[str, Any]:
+def _cpu(server_pid: int) -> tuple[float, float]:
+    """CPU seconds so far of this process (the connector) and of the server, every thread."""
+    return time.process_time(), cpu_seconds(server_pid)
+
+
+def _cpu_since(before: tuple[float, float], server_pid: int) -> str:
+    now = _cpu(server_pid)
+    return f"{now[0] - before[0]:.2f} / {now[1] - before[1]:.2f}"
+
+
+async def _run(url: str, extra: dict[str, Any], chunks: list[bytes], server_pid: int
+               ) -> dict[str, Any]:
     import torch
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.storage_backend.connector import CreateConnector
@@ -73,6 +86,7 @@ async def _run(url: str, extra: dict[str, Any], chunks: list[bytes]) -> dict[str
     size = sum(len(c) for c in chunks) / (1 << 20)
     c = conn._connector
     await c.exists(keys[0])  # the session / TCP connection up before timing
+    cpu0 = _cpu(server_pid)
     t0 = time.perf_counter()
     if c.support_batched_put():
         await c.batched_put(keys, objs)
@@ -81,16 +95,19 @@ async def _run(url: str, extra: dict[str, Any], chunks: list[bytes]) -> dict[str
     if hasattr(c, "drain"):
         await c.drain()  # ours: until the relay holds every chunk
     put_s = time.perf_counter() - t0
+    put_cpu = _cpu_since(cpu0, server_pid)
     t0 = time.perf_counter()
     held = await conn.batched_async_contains("bench", keys)
     lookup_ms = (time.perf_counter() - t0) * 1000
     t0 = time.perf_counter()
     first = await c.get(keys[0])
     first_ms = (time.perf_counter() - t0) * 1000
+    cpu0 = _cpu(server_pid)
     t0 = time.perf_counter()
     got = await c.batched_get(keys) if c.support_batched_get() \
         else await asyncio.gather(*(c.get(k) for k in keys))
     get_s = time.perf_counter() - t0
+    get_cpu = _cpu_since(cpu0, server_pid)
     t0 = time.perf_counter()
     one_by_one = [await c.get(k) for k in keys]
     serial_s = time.perf_counter() - t0
@@ -103,7 +120,8 @@ async def _run(url: str, extra: dict[str, Any], chunks: list[bytes]) -> dict[str
     await c.close()
     return {"put_mib_s": size / put_s, "get_mib_s": size / get_s,
             "serial_get_mib_s": size / serial_s, "first_chunk_ms": first_ms,
-            "lookup_ms": lookup_ms, "held": held, "bit_for_bit": same,
+            "lookup_ms": lookup_ms, "put_cpu_s": put_cpu, "get_cpu_s": get_cpu,
+            "held": held, "bit_for_bit": same,
             "sessions": stats.get("sessions_opened", "")}
 
 
@@ -127,7 +145,11 @@ def _wait_line(proc: subprocess.Popen[str], pattern: str, timeout: float) -> re.
 
 
 def _relay(folder: Path, backend: str) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "relay", "--listen",
+    # BENCH_PROFILE=path: the relay runs under cProfile, into path.<backend> (as bench_relay)
+    profile = os.environ.get("BENCH_PROFILE")
+    profile = profile and f"{profile}.{backend}"
+    proc = subprocess.Popen([sys.executable, *(("-m", "cProfile", "-o", profile) if profile
+                                               else ()), "-m", "relay.cli", "relay", "--listen",
                              "127.0.0.1:0", "--data-dir", str(folder), "--metrics-listen",
                              "off", "--quic-backend", backend],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -177,18 +199,19 @@ def main() -> None:
                     "kvcs.url": f"kvcs://127.0.0.1:{port}/",
                     "kvcs.ca_file": str(folder / backend / "tls" / "cert.pem"),
                     "kvcs.scope_key_file": str(folder / "scope.key"),
-                    "kvcs.quic_backend": backend, "kvcs.timeout_s": 30}, chunks))
+                    "kvcs.quic_backend": backend, "kvcs.timeout_s": 30}, chunks, relay.pid))
             finally:
                 _stop(relay)
             rows.append([f"kvcs relay ({backend})", *r.values()])
         server, port = _lm_server()
         try:
-            r = asyncio.run(_run(f"lm://127.0.0.1:{port}", {}, chunks))
+            r = asyncio.run(_run(f"lm://127.0.0.1:{port}", {}, chunks, server.pid))
         finally:
             _stop(server)
         rows.append(["lmcache.v1.server (lm://)", *r.values()])
     report("lmcache", ["server", "put MiB/s", "get MiB/s", "get 1 by 1 MiB/s",
-                       "first chunk ms", "lookup ms", "held", "bit for bit", "sessions"], rows,
+                       "first chunk ms", "lookup ms", "put CPU s conn / server",
+                       "get CPU s conn / server", "held", "bit for bit", "sessions"], rows,
            {"chunks": n, "chunk_bytes": chunk_bytes, "total_mib": n * chunk_bytes / 2**20})
 
 

@@ -75,6 +75,17 @@ def encode_object(*, component: Component, layer: int, block_index: int, token_s
     return b"".join([header.pack(), *parts])
 
 
+def seal_object(buf: bytearray, *, component: Component, layer: int, block_index: int,
+                token_start: int, token_count: int, codec: int) -> None:
+    """Header of an Object whose Data already fills ``buf[HEADER_LEN:]``, written into its
+    first HEADER_LEN octets: an encoder that writes the Data in place makes the payload with
+    one copy of the Data, where ``encode_object`` joins a copy of the parts."""
+    data = memoryview(buf)[HEADER_LEN:]
+    header = ObjectHeader(Component(component), layer, block_index, token_start, token_count,
+                          codec, data.nbytes, hashlib.sha256(data).digest())
+    buf[:HEADER_LEN] = header.pack()
+
+
 def parse_header(payload: Buffer) -> ObjectHeader:
     """Decode the header, checking only what is needed to interpret it (length, magic,
     version, component); use verify_object before trusting the Object."""

@@ -10,10 +10,10 @@ import pytest
 
 from relay.kvcs.errors import KvcsError
 from relay.kvcs.manifest import parse_manifest
-from relay.kvcs.plan import PlannedObject
+from relay.kvcs.plan import PlannedObject, PublicationPlan
 from relay.peers.errors import PeerError
 from relay.peers.lmcache.chunks import ChunkPlan, LayerWriter
-from relay.peers.lmcache.mapping import DATA_TRACK, ChunkNames, EngineShape, KeyMapper
+from relay.peers.lmcache.mapping import DATA, DATA_TRACK, ChunkNames, EngineShape, KeyMapper
 from relay.peers.lmcache.settings import parse_settings
 
 SHAPE = EngineShape(layers=3, kv_heads=2, head_dim=4, chunk_tokens=8)
@@ -77,25 +77,31 @@ def test_names_are_deterministic_per_scope_key_and_chunk() -> None:
         m.names("SmolLM2", 1, 0, "int8", chunk_hash=1)
 
 
-def _chunk() -> tuple[np.ndarray, list[PlannedObject], ChunkPlan, ChunkNames]:
-    names = KeyMapper(KEY, SHAPE).names(*KEY_ARGS, chunk_hash=7)
-    data = np.arange(2 * 3 * 8 * 2 * 4, dtype=np.float32).tobytes()  # [2][L][T][H*D]
+def _chunk(dtype: str = "float") -> tuple[np.ndarray, list[PlannedObject], ChunkPlan,
+                                          ChunkNames]:
+    names = KeyMapper(KEY, SHAPE).names(*KEY_ARGS[:3], dtype, chunk_hash=7)
+    # [2][L][T][H*D] of the key's dtype
+    data = np.arange(2 * 3 * 8 * 2 * 4, dtype=np.float32).astype(names.descriptor.dtype
+                                                                 ).tobytes()
     buf = np.frombuffer(bytearray(data), dtype=np.uint8)
     plan = ChunkPlan(buf, names, KEY)
     return buf, plan.objects(), plan, names
 
 
-def test_a_chunk_is_one_kvcs_publication_and_comes_back_bit_for_bit() -> None:
-    buf, objects, plan, names = _chunk()
+@pytest.mark.parametrize("dtype", ["float", "bfloat16"])
+def test_a_chunk_is_one_kvcs_publication_and_comes_back_bit_for_bit(dtype: str) -> None:
+    buf, objects, plan, names = _chunk(dtype)
     data = [o for o in objects if o.track == DATA_TRACK]
     assert [(o.group, o.object_id) for o in data] == [(0, 0), (1, 0), (2, 0)]
+    # written in place, bit for bit what the generic encoder makes (header, digest, Data)
+    assert all(o.payload == PublicationPlan._payload(plan, DATA, o.group, 0, 0) for o in data)
     manifests = [o for o in objects if o.track == "manifest"]
     final = parse_manifest(manifests[-1].payload)
     assert final.compat.compat_id == plan.namespace.compat_id
     assert [(s.blocks, s.complete) for s in final.segments] == [(1, True)]
     # the KVCS layout [layers][kv_heads][tokens][head_dim] of LMCache's [2][L][T][H*D]
     k = plan.k
-    assert k.shape == (3, 2, 8, 4) and k[1, 1, 2, 0] == (1 * 8 + 2) * 8 + 1 * 4
+    assert k.shape == (3, 2, 8, 4) and float(k[1, 1, 2, 0]) == (1 * 8 + 2) * 8 + 1 * 4
     out = np.zeros_like(buf)
     w = LayerWriter(out, names)
     for o in reversed(data):  # any order: each layer goes to its place

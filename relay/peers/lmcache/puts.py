@@ -3,11 +3,13 @@
 A put is one publication (mapping.py): PUBLISH of its two tracks and PUBLISH_NAMESPACE, all
 three in flight at once, then its Objects; it returns once they are queued in QUIC, so the
 next chunk's requests and Objects follow without waiting on this one's confirmation. One
-confirmer asks TRACK_STATUS of every put written but not yet confirmed, all at once, until
-each track's Largest Object is its End of Track (the relay holds the whole chunk; the same
-test a lookup makes). Then the put is over: its namespace is withdrawn (the relay lists a
-pushed Track's namespace on its own until LMDB holds it), its request streams end, and its
-reference on LMCache's buffer is released.
+confirmer asks TRACK_STATUS of every put written but not yet confirmed, all at
+once, until each track's Largest Object is its End of Track (the relay holds the whole chunk;
+the same test a lookup makes): first when the relay has acknowledged everything the session
+sent, or ``CONFIRM_FIRST`` after the put was written if that comes first, then backing off.
+Then the put is over: its namespace is withdrawn (the relay lists a pushed Track's namespace
+on its own until LMDB holds it), its request streams end, and its reference on LMCache's
+buffer is released.
 
 Until then the put holds a reference on LMCache's buffer (``ref_count_up``) and the session's
 handler answers the relay's FETCHes of the chunk from it (MOQT-PROFILE 15.1 step 6), without a
@@ -68,6 +70,7 @@ class _Put:
     ends: dict[str, Location] = field(default_factory=dict)  # End of Track per track
     wait: float = CONFIRM_FIRST  # until the next TRACK_STATUS
     next_check: float = 0.0
+    asked: bool = False  # a TRACK_STATUS went out
     over: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -112,7 +115,8 @@ class ChunkPuts:
             raise
         now = time.monotonic()
         p.deadline = now + self.timeout
-        p.next_check = now + p.wait  # what is still queued in QUIC goes out meanwhile
+        # asked then at the latest: what QUIC still queues of it goes out meanwhile
+        p.next_check = now + CONFIRM_FIRST
         self.stats.published += 1
         self._written.append(p)
         if self._confirmer is None or self._confirmer.done():
@@ -147,9 +151,21 @@ class ChunkPuts:
             now = time.monotonic()
             due = [p for p in self._written if p.next_check <= now]
             if not due:
-                # no event says when the relay has taken a chunk in: it is polled
-                await asyncio.sleep(min(p.next_check for p in self._written) - now)
+                # no event says when the relay has taken a chunk in: it is polled, and asked
+                # at once when QUIC has nothing of ours unacknowledged any more (the last
+                # put's Objects are all at the relay) instead of after the first wait
+                wait = min(p.next_check for p in self._written) - now
+                fresh = [p for p in self._written if not p.asked]
+                if fresh and await fresh[-1].push.session.conn.drain(wait):
+                    for p in fresh:
+                        p.next_check = 0.0
+                    continue
+                # not drained in time, or the session is gone (drain returns at once)
+                await asyncio.sleep(max(0.0, min(p.next_check for p in self._written)
+                                        - time.monotonic()))
                 continue
+            for p in due:
+                p.asked = True
             held = await asyncio.gather(*(self._held(p) for p in due))
             now = time.monotonic()
             for p, ok in zip(due, held, strict=True):

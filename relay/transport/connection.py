@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from .errors import ConnectionClosed
@@ -45,6 +46,8 @@ class StreamTable:
     def __init__(self, port: EndpointPort, session_id: int | None) -> None:
         self._port = port
         self._view = port.view  # one per QUIC connection, for good: kept for the hot paths
+        # asked before every write: the view's own method, one call (StreamPort.has_room)
+        self.has_room: Callable[[int], bool] = self._view.has_room
         self.loop = port.loop
         self.settings: QuicSettings = port.settings
         self.session_id = session_id
@@ -106,6 +109,10 @@ class StreamTable:
 
     def send(self, sid: int, data: bytes | bytearray | memoryview, fin: bool) -> None:
         self._port.send_stream_data(sid, data, fin)
+
+    def send_parts(self, sid: int, head: bytes, data: bytes | bytearray | memoryview,
+                   fin: bool) -> None:
+        self._port.send_stream_parts(sid, head, data, fin)
 
     def unsent(self, sid: int) -> int:
         return self._view.unsent(sid)

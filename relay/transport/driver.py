@@ -159,12 +159,17 @@ class QuicDriver(asyncio.DatagramProtocol):
                 for data, addr in datagrams:
                     transport.sendto(data, addr)
         timer_at = self._quic.get_timer()
-        if self._timer is not None and self._timer_at != timer_at:
+        if self._timer is not None and (timer_at is None or timer_at < self._timer_at):
             self._timer.cancel()
             self._timer = None
         if self._timer is None and timer_at is not None:
             self._timer = self._loop.call_at(timer_at, self._handle_timer)
-        self._timer_at = timer_at
+            self._timer_at = timer_at
+        # A later deadline keeps the timer armed for the earlier one: at a full rate every
+        # transmit moves the library's deadline on, and re-arming each time (a cancelled
+        # handle left in the loop's heap, a new one pushed) was a cost per transmit. Fired
+        # early, the timer finds nothing due (the library checks its deadlines against the
+        # time given) and the transmit after it arms the real deadline.
         self._after_transmit()
 
     def _transmit_failed(self, error: Exception) -> None:

@@ -67,7 +67,7 @@ from .tls import pinned_self_signed
 PRIVATE_MEMBERS_INSTANCE = ("_core", "_remote_addr", "_close_event",
                             "_remote_max_datagram_frame_size", "_handshake_complete",
                             "_pre_handshake_state_replayed",
-                            "_quic_logger", "_call_core", "_drain_core", "_normalize_address",
+                            "_quic_logger", "_drain_core",
                             "_configuration", "_create_tls", "_tls",
                             "_applied_transport_parameters")
 PRIVATE_MEMBERS_H3 = ("_stream",)
@@ -249,13 +249,17 @@ def _send_stream(quic: QuicConnection, stream_id: int, data: Any, fin: bool) -> 
 def _receive_many(quic: QuicConnection, datagrams: list[bytes], addr: Any, now: float
                   ) -> None:
     """qh3's ``receive_many_datagrams`` once the handshake is done, without its qlog call
-    per datagram (a Python call each; our configurations set no ``quic_logger``)."""
+    per datagram (a Python call each; our configurations set no ``quic_logger``), its
+    check of an address the kernel gave, and its drain of the events (``_take_events``,
+    once per burst)."""
     core = quic._core
     if core is None or not quic._handshake_complete or quic._quic_logger is not None:
         quic.receive_many_datagrams(datagrams, addr, now=now)
         return
-    quic._call_core(core.receive_many_datagrams, datagrams, quic._normalize_address(addr), now)
-    quic._drain_core()
+    try:
+        core.receive_many_datagrams(datagrams, addr, now)
+    except RuntimeError as exc:
+        raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(exc)) from exc
 
 
 def _receive_gro(quic: QuicConnection, buffer: bytes, segment: int, addr: Any, now: float
@@ -268,9 +272,18 @@ def _receive_gro(quic: QuicConnection, buffer: bytes, segment: int, addr: Any, n
         quic.receive_many_datagrams([buffer[i:i + segment]
                                      for i in range(0, len(buffer), segment)], addr, now=now)
         return
-    quic._call_core(core.receive_gro_buffer, buffer, segment, quic._normalize_address(addr),
-                    now)
-    quic._drain_core()
+    try:
+        core.receive_gro_buffer(buffer, segment, addr, now)
+    except RuntimeError as exc:
+        raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(exc)) from exc
+
+
+def _take_events(quic: QuicConnection) -> None:
+    """What the core received, as the wrapper's events (its ``_drain_core``): once per
+    burst, after every read of it went in (``_receive_many`` and ``_receive_gro`` leave
+    them in the core; the wrapper drained after every single read)."""
+    if quic._core is not None:
+        quic._drain_core()
 
 
 class _Qh3Server(QuicServer):
@@ -352,6 +365,7 @@ BACKEND = aioquic_shaped(
     server_class=_Qh3Server, h3_class=H3Connection, events=events, h3_events=h3_events,
     view=Qh3View,
     send_stream=_send_stream, receive_many=_receive_many, receive_gro=_receive_gro,
+    take_events=_take_events,
     poll_datagrams=_poll_datagrams, closed_error=QuicConnectionError, trust=_trust,
     credit_on_read=False,
     # qh3's client probes the path upwards to at most 1472 bytes (1280, 1350, 1452, 1472):

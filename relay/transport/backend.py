@@ -160,6 +160,10 @@ class QuicBackend:
     receive_gro: Callable[[Any, bytes, int, Any, float], None] | None
     """(quic, buffer, segment size, addr, now): feed one GRO read of one peer uncut (the
     library cuts it natively); None: the burst reader cuts it (burst.py)."""
+    take_events: Callable[[Any], None] | None
+    """(quic): make what ``receive_many`` and ``receive_gro`` fed available to
+    ``next_event``; called once per burst, before its events are read. None: they are
+    available at once."""
     send_stream: Callable[[Any, int, Any, bool], None]
     """(quic, stream ID, data, fin): queue ``data`` on a stream (``send_stream_data``, the
     hot path's one library call per write)."""
@@ -192,6 +196,7 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
                    credit_on_read: bool,
                    send_stream: Callable[[Any, int, Any, bool], None] | None = None,
                    receive_gro: Callable[[Any, bytes, int, Any, float], None] | None = None,
+                   take_events: Callable[[Any], None] | None = None,
                    configuration_extra: Callable[[Any], dict[str, Any]] = lambda s: {}
                    ) -> QuicBackend:
     """A backend for a library with aioquic's shape (both of ours): what they share is
@@ -223,6 +228,7 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
         use_configuration=_use_configuration,
         receive_many=receive_many,
         receive_gro=receive_gro,
+        take_events=take_events,
         send_stream=send_stream or _send_stream_data,
         poll_datagrams=poll_datagrams,
         closed_error=closed_error,

@@ -39,6 +39,7 @@ class QuicDriver(asyncio.DatagramProtocol):
         # the burst reader hands this endpoint GRO reads uncut (gro_received)
         self.takes_gro = backend.receive_gro is not None
         self._ev = backend.events
+        self._take_events = backend.take_events
         self._transport: asyncio.DatagramTransport | None = None
         self._sender: DatagramSender | None = None  # set by client/server: GSO batching
         self._timer: asyncio.TimerHandle | None = None
@@ -115,6 +116,8 @@ class QuicDriver(asyncio.DatagramProtocol):
         self._burst_dirty = False
         if self._pending:
             self._receive_pending()
+        if self._take_events is not None:
+            self._take_events(self._quic)
         self._process_events()
         self.transmit()
         self._check_peer_close()

@@ -154,7 +154,7 @@ class RelayTrack:
 
     async def wait_change_or(self, other: asyncio.Future[Any], timeout: float | None) -> None:
         """Until the Track changes, ``other`` is done, or ``timeout`` passes."""
-        changed = asyncio.ensure_future(self._changed.wait())
+        changed = asyncio.ensure_future(self._next_change().wait())
         try:
             await asyncio.wait((changed, other), timeout=timeout,
                                return_when=asyncio.FIRST_COMPLETED)
@@ -163,11 +163,19 @@ class RelayTrack:
 
     def _bump(self) -> None:
         self._changed.set()
-        self._changed = asyncio.Event()
+
+    def _next_change(self) -> asyncio.Event:
+        """The event the Track's next change sets: the current one until a change set it,
+        then a fresh one. Made here, by a waiter, rather than by every change: ``_bump``
+        runs per received Object, waiters far less often."""
+        ev = self._changed
+        if ev.is_set():
+            ev = self._changed = asyncio.Event()
+        return ev
 
     async def wait_change(self, timeout: float) -> bool:
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            await asyncio.wait_for(self._next_change().wait(), timeout)
             return True
         except TimeoutError:
             return False

@@ -31,6 +31,26 @@ class EventQueue:
         self._changed = asyncio.Event()
         self.finished = False
 
+    def put_if_room(self, item: Any) -> bool:
+        """Queue ``item`` if that needs no wait (or drop it, as ``put`` would, once
+        finished); False: ``put`` must wait for room."""
+        if self.finished:
+            return True
+        if len(self._items) >= self._max:
+            return False
+        self._items.append(item)
+        self._changed.set()
+        return True
+
+    def get_nowait(self) -> Any:
+        """The next event if one is queued, else ``END`` (then ``get`` must wait, or ends
+        the iteration)."""
+        if not self._items:
+            return END
+        item = self._items.popleft()
+        self._changed.set()  # room for a waiting put
+        return item
+
     async def put(self, item: Any) -> None:
         while not self.finished and len(self._items) >= self._max:
             self._changed.clear()
@@ -80,7 +100,12 @@ class EventSource(Generic[E]):
         return self
 
     async def __anext__(self) -> E:
-        return await self._events.get()  # type: ignore[no-any-return]
+        # a queued event without a second coroutine (once per received Object)
+        item = self._events.get_nowait()
+        if item is END:
+            item = await self._events.get()
+        return item  # type: ignore[no-any-return]
 
     async def deliver(self, event: E) -> None:
-        await self._events.put(event)
+        if not self._events.put_if_room(event):
+            await self._events.put(event)

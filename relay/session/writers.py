@@ -47,8 +47,7 @@ class _StreamWriter:
         elif len(payload) < _JOIN_BELOW:
             await self.stream.write(head + bytes(payload), end_stream=fin)
         else:
-            await self.stream.write(head)
-            await self.stream.write(payload, end_stream=fin)
+            await self.stream.write_framed(head, payload, fin)
 
     async def finish(self) -> None:
         """FIN: every Object of the stream was written."""

@@ -206,7 +206,7 @@ class CreditedQuicConnection(QuicConnection):
 class AioquicView:
     """aioquic's answers for the endpoint (see :class:`~relay.transport.backend.QuicView`)."""
 
-    __slots__ = ("_granted", "_q", "_queued")
+    __slots__ = ("_conn_high", "_granted", "_high", "_q", "_queued")
 
     def __init__(self, quic: QuicConnection, settings: QuicSettings) -> None:
         # Must run before the handshake so the stream limits go out in the transport
@@ -227,6 +227,8 @@ class AioquicView:
         self._granted = (settings.max_streams_bidi, settings.max_streams_uni)
         self._q = q
         self._queued = 0  # application bytes handed to aioquic (for the connection HWM)
+        self._high = settings.send_buffer_high
+        self._conn_high = settings.connection_send_buffer_high
 
     def unsent(self, stream_id: int) -> int:
         stream = self._q._streams.get(stream_id)
@@ -237,6 +239,10 @@ class AioquicView:
 
     def unsent_total(self) -> int:
         return self._queued - self._q._remote_max_data_used
+
+    def has_room(self, stream_id: int) -> bool:
+        return (self.unsent(stream_id) < self._high
+                and self._queued - self._q._remote_max_data_used < self._conn_high)
 
     def note_queued(self, n: int) -> None:
         self._queued += n

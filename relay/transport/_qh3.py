@@ -52,6 +52,7 @@ from qh3.quic import events
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection, QuicConnectionError
 from qh3.quic.packet import (
+    QuicErrorCode,
     QuicPacketType,
     encode_quic_retry,
     pull_quic_transport_parameters,
@@ -65,7 +66,8 @@ from .tls import pinned_self_signed
 
 PRIVATE_MEMBERS_INSTANCE = ("_core", "_remote_addr", "_close_event",
                             "_remote_max_datagram_frame_size", "_handshake_complete",
-                            "_quic_logger", "_call_core", "_drain_core", "_normalize_address",
+                            "_pre_handshake_state_replayed",
+                            "_quic_logger", "_drain_core",
                             "_configuration", "_create_tls", "_tls",
                             "_applied_transport_parameters")
 PRIVATE_MEMBERS_H3 = ("_stream",)
@@ -103,7 +105,7 @@ class SizedQuicConnection(QuicConnection):
 class Qh3View:
     """qh3's answers for the endpoint (see :class:`~relay.transport.backend.QuicView`)."""
 
-    __slots__ = ("_conn_window", "_q", "_stream_window", "_unread")
+    __slots__ = ("_conn_high", "_conn_window", "_high", "_q", "_stream_window", "_unread")
 
     def __init__(self, quic: QuicConnection, settings: QuicSettings) -> None:
         # before the handshake (a server's connection exists before its first datagram is
@@ -113,12 +115,28 @@ class Qh3View:
         self._stream_window = settings.max_stream_data
         self._conn_window = settings.max_data
         self._unread = UnreadBytes()
+        self._high = settings.send_buffer_high
+        self._conn_high = settings.connection_send_buffer_high
 
     def unsent(self, stream_id: int) -> int:
         return self._q.get_send_buffer_size(stream_id)
 
     def unsent_total(self) -> int:
         return self._q.get_send_buffer_size()
+
+    def has_room(self, stream_id: int) -> bool:
+        q = self._q
+        core = q._core
+        if core is None or q._close_event is not None or not q._pre_handshake_state_replayed:
+            # before the core runs, or closed: the wrapper's own answer (its staged writes;
+            # 0 once closed)
+            return (q.get_send_buffer_size(stream_id) < self._high
+                    and q.get_send_buffer_size() < self._conn_high)
+        # the core's counts, as get_send_buffer_size would return them, without its
+        # wrapper's checks and error translation twice per write (nothing to translate:
+        # a query)
+        return (core.get_send_buffer_size(stream_id) < self._high
+                and core.get_send_buffer_size() < self._conn_high)
 
     def note_queued(self, n: int) -> None:
         pass  # the core counts its own queue
@@ -210,16 +228,38 @@ def _poll_datagrams(quic: QuicConnection, now: float
         built.append((transmit[0], transmit[1]))
 
 
+def _send_stream(quic: QuicConnection, stream_id: int, data: Any, fin: bool) -> None:
+    """qh3's ``send_stream_data`` once the handshake is done, straight to the core: its
+    wrapper records a new local stream (ours are recorded when opened, endpoint.py),
+    stages writes made before the handshake, and makes a byte-shaped view of any buffer
+    (the core reads a contiguous one's bytes as they are: a cached payload is often a
+    memoryview of the chunk it arrived in); the rest is left to it. A core error is
+    translated as it does."""
+    core = quic._core
+    if core is None or not quic._handshake_complete or not (
+            type(data) is bytes or (type(data) is memoryview and data.c_contiguous)):
+        quic.send_stream_data(stream_id, data, fin)
+        return
+    try:
+        core.send_stream(stream_id, data, fin)
+    except RuntimeError as exc:
+        raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(exc)) from exc
+
+
 def _receive_many(quic: QuicConnection, datagrams: list[bytes], addr: Any, now: float
                   ) -> None:
     """qh3's ``receive_many_datagrams`` once the handshake is done, without its qlog call
-    per datagram (a Python call each; our configurations set no ``quic_logger``)."""
+    per datagram (a Python call each; our configurations set no ``quic_logger``), its
+    check of an address the kernel gave, and its drain of the events (``_take_events``,
+    once per burst)."""
     core = quic._core
     if core is None or not quic._handshake_complete or quic._quic_logger is not None:
         quic.receive_many_datagrams(datagrams, addr, now=now)
         return
-    quic._call_core(core.receive_many_datagrams, datagrams, quic._normalize_address(addr), now)
-    quic._drain_core()
+    try:
+        core.receive_many_datagrams(datagrams, addr, now)
+    except RuntimeError as exc:
+        raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(exc)) from exc
 
 
 def _receive_gro(quic: QuicConnection, buffer: bytes, segment: int, addr: Any, now: float
@@ -232,9 +272,18 @@ def _receive_gro(quic: QuicConnection, buffer: bytes, segment: int, addr: Any, n
         quic.receive_many_datagrams([buffer[i:i + segment]
                                      for i in range(0, len(buffer), segment)], addr, now=now)
         return
-    quic._call_core(core.receive_gro_buffer, buffer, segment, quic._normalize_address(addr),
-                    now)
-    quic._drain_core()
+    try:
+        core.receive_gro_buffer(buffer, segment, addr, now)
+    except RuntimeError as exc:
+        raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(exc)) from exc
+
+
+def _take_events(quic: QuicConnection) -> None:
+    """What the core received, as the wrapper's events (its ``_drain_core``): once per
+    burst, after every read of it went in (``_receive_many`` and ``_receive_gro`` leave
+    them in the core; the wrapper drained after every single read)."""
+    if quic._core is not None:
+        quic._drain_core()
 
 
 class _Qh3Server(QuicServer):
@@ -315,7 +364,8 @@ BACKEND = aioquic_shaped(
     "qh3", configuration_class=QuicConfiguration, connection_class=QuicConnection,
     server_class=_Qh3Server, h3_class=H3Connection, events=events, h3_events=h3_events,
     view=Qh3View,
-    receive_many=_receive_many, receive_gro=_receive_gro,
+    send_stream=_send_stream, receive_many=_receive_many, receive_gro=_receive_gro,
+    take_events=_take_events,
     poll_datagrams=_poll_datagrams, closed_error=QuicConnectionError, trust=_trust,
     credit_on_read=False,
     # qh3's client probes the path upwards to at most 1472 bytes (1280, 1350, 1452, 1472):

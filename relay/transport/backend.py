@@ -39,6 +39,11 @@ class QuicView(Protocol):
     def unsent_total(self) -> int:
         """Bytes written to any stream and not yet sent."""
 
+    def has_room(self, stream_id: int) -> bool:
+        """Both ``unsent`` and ``unsent_total`` are below their high-water marks
+        (``send_buffer_high``, ``connection_send_buffer_high``): a write may go on. Asked
+        before every write, so it is one call where a backend can answer in one."""
+
     def note_queued(self, n: int) -> None:
         """``n`` application bytes were handed to the library."""
 
@@ -155,6 +160,13 @@ class QuicBackend:
     receive_gro: Callable[[Any, bytes, int, Any, float], None] | None
     """(quic, buffer, segment size, addr, now): feed one GRO read of one peer uncut (the
     library cuts it natively); None: the burst reader cuts it (burst.py)."""
+    take_events: Callable[[Any], None] | None
+    """(quic): make what ``receive_many`` and ``receive_gro`` fed available to
+    ``next_event``; called once per burst, before its events are read. None: they are
+    available at once."""
+    send_stream: Callable[[Any, int, Any, bool], None]
+    """(quic, stream ID, data, fin): queue ``data`` on a stream (``send_stream_data``, the
+    hot path's one library call per write)."""
     poll_datagrams: Callable[[Any, float], tuple[list[tuple[bytes, Any]], Exception | None]]
     """(quic, now) -> the datagrams to send now, and the error that stopped the library
     building more (None if it built everything due). The datagrams come first even when
@@ -182,7 +194,9 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
                                             tuple[list[tuple[bytes, Any]], Exception | None]],
                    closed_error: type[Exception], trust: Callable[[Any, str], None],
                    credit_on_read: bool,
+                   send_stream: Callable[[Any, int, Any, bool], None] | None = None,
                    receive_gro: Callable[[Any, bytes, int, Any, float], None] | None = None,
+                   take_events: Callable[[Any], None] | None = None,
                    configuration_extra: Callable[[Any], dict[str, Any]] = lambda s: {}
                    ) -> QuicBackend:
     """A backend for a library with aioquic's shape (both of ours): what they share is
@@ -214,11 +228,17 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
         use_configuration=_use_configuration,
         receive_many=receive_many,
         receive_gro=receive_gro,
+        take_events=take_events,
+        send_stream=send_stream or _send_stream_data,
         poll_datagrams=poll_datagrams,
         closed_error=closed_error,
         trust=trust,
         credit_on_read=credit_on_read,
     )
+
+
+def _send_stream_data(quic: Any, stream_id: int, data: Any, fin: bool) -> None:
+    quic.send_stream_data(stream_id, data, fin)
 
 
 def _use_configuration(server: Any, config: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from .errors import ConnectionClosed
@@ -45,6 +46,11 @@ class StreamTable:
     def __init__(self, port: EndpointPort, session_id: int | None) -> None:
         self._port = port
         self._view = port.view  # one per QUIC connection, for good: kept for the hot paths
+        # asked or called for every write: the view's and the endpoint's own methods, one
+        # call each (StreamPort.has_room, send, send_parts)
+        self.has_room: Callable[[int], bool] = self._view.has_room
+        self.send: Callable[[int, Any, bool], None] = port.send_stream_data
+        self.send_parts: Callable[[int, Any, Any, bool], None] = port.send_stream_parts
         self.loop = port.loop
         self.settings: QuicSettings = port.settings
         self.session_id = session_id
@@ -103,9 +109,6 @@ class StreamTable:
         return self._datagrams.popleft()
 
     # -- StreamPort: called by streams -------------------------------------------------
-
-    def send(self, sid: int, data: bytes | bytearray | memoryview, fin: bool) -> None:
-        self._port.send_stream_data(sid, data, fin)
 
     def unsent(self, sid: int) -> int:
         return self._view.unsent(sid)

@@ -39,6 +39,7 @@ class QuicDriver(asyncio.DatagramProtocol):
         # the burst reader hands this endpoint GRO reads uncut (gro_received)
         self.takes_gro = backend.receive_gro is not None
         self._ev = backend.events
+        self._take_events = backend.take_events
         self._transport: asyncio.DatagramTransport | None = None
         self._sender: DatagramSender | None = None  # set by client/server: GSO batching
         self._timer: asyncio.TimerHandle | None = None
@@ -115,6 +116,8 @@ class QuicDriver(asyncio.DatagramProtocol):
         self._burst_dirty = False
         if self._pending:
             self._receive_pending()
+        if self._take_events is not None:
+            self._take_events(self._quic)
         self._process_events()
         self.transmit()
         self._check_peer_close()
@@ -159,12 +162,17 @@ class QuicDriver(asyncio.DatagramProtocol):
                 for data, addr in datagrams:
                     transport.sendto(data, addr)
         timer_at = self._quic.get_timer()
-        if self._timer is not None and self._timer_at != timer_at:
+        if self._timer is not None and (timer_at is None or timer_at < self._timer_at):
             self._timer.cancel()
             self._timer = None
         if self._timer is None and timer_at is not None:
             self._timer = self._loop.call_at(timer_at, self._handle_timer)
-        self._timer_at = timer_at
+            self._timer_at = timer_at
+        # A later deadline keeps the timer armed for the earlier one: at a full rate every
+        # transmit moves the library's deadline on, and re-arming each time (a cancelled
+        # handle left in the loop's heap, a new one pushed) was a cost per transmit. Fired
+        # early, the timer finds nothing due (the library checks its deadlines against the
+        # time given) and the transmit after it arms the real deadline.
         self._after_transmit()
 
     def _transmit_failed(self, error: Exception) -> None:

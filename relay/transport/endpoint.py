@@ -53,6 +53,7 @@ class Endpoint(QuicDriver):
                  path: str = "", authority: str = "") -> None:
         super().__init__(quic, backend)
         self._view: QuicView = backend.view(quic, settings)
+        self._send = backend.send_stream
         # a client's own socket reader (client.py): paused while the application lets
         # more pile up unread than the receive windows allow, on a backend whose credit
         # does not follow reads (qh3); None on a server's shared socket
@@ -122,8 +123,15 @@ class Endpoint(QuicDriver):
             self._quic.get_next_available_stream_id(is_unidirectional=uni))
 
     def send_stream_data(self, sid: int, data: Any, fin: bool) -> None:
-        self._quic.send_stream_data(sid, data, fin)
+        self._send(self._quic, sid, data, fin)
         self._view.note_queued(len(data))
+        self.transmit_soon()
+
+    def send_stream_parts(self, sid: int, head: Any, data: Any, fin: bool) -> None:
+        send, q = self._send, self._quic
+        send(q, sid, head, False)
+        send(q, sid, data, fin)
+        self._view.note_queued(len(head) + len(data))
         self.transmit_soon()
 
     def reset_stream(self, sid: int, wire_code: int) -> None:

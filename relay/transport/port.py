@@ -58,6 +58,10 @@ class EndpointPort(Protocol):
 
     def send_stream_data(self, stream_id: int, data: Any, fin: bool) -> None: ...
 
+    def send_stream_parts(self, stream_id: int, head: Any, data: Any, fin: bool) -> None:
+        """``head`` then ``data`` on the stream: ``send_stream_data`` twice, accounted and
+        transmitted once."""
+
     def reset_stream(self, stream_id: int, wire_code: int) -> None: ...
 
     def stop_stream(self, stream_id: int, wire_code: int) -> None: ...
@@ -119,7 +123,13 @@ class StreamPort(Protocol):
 
     def connection_unsent(self) -> int: ...
 
+    def has_room(self, stream_id: int) -> bool:
+        """Below both send high-water marks (``QuicView.has_room``)."""
+
     def send(self, stream_id: int, data: Any, fin: bool) -> None: ...
+
+    def send_parts(self, stream_id: int, head: Any, data: Any, fin: bool) -> None:
+        """``head`` then ``data``, as one send (``EndpointPort.send_stream_parts``)."""
 
     def reset(self, stream_id: int, code: int) -> None: ...
 

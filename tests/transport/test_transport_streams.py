@@ -203,6 +203,20 @@ async def test_large_transfer_is_bit_identical(pair: Pair, single_write: bool) -
     assert got == digest
 
 
+async def test_framed_writes_arrive_head_then_data(pair: Pair) -> None:
+    """``write_framed`` queues its head, then its data, in order with the stream's other
+    writes: below the high-water mark as one send, above it (the last write here) as the
+    two writes it stands for; with FIN on the last."""
+    client, server = pair
+    parts = [(b"h%d" % i, memoryview(os.urandom(40_000 + i))) for i in range(8)]
+    parts.append((b"last", memoryview(os.urandom(2 * 1024 * 1024))))  # > send_buffer_high
+    s = await w(client.open_uni())
+    for i, (head, data) in enumerate(parts):
+        await w(s.write_framed(head, data, end_stream=i == len(parts) - 1))
+    inc = await w(server.accept())
+    assert await w(read_all(inc.recv)) == b"".join(h + bytes(d) for h, d in parts)
+
+
 async def test_default_1200_byte_datagrams(make_harness: object, transport: str) -> None:
     settings = QuicSettings()
     h = await make_harness(settings)  # type: ignore[operator]

@@ -118,6 +118,14 @@ class SubgroupStreamEncoder:
         self, object_id: int, payload_length: int, properties: bytes | None = None
     ) -> bytes:
         """Framing of a Normal Object (payload_length 0 = an empty Normal Object)."""
+        prev = self._prev
+        delta = object_id if prev < 0 else object_id - prev - 1
+        if 0 <= delta < 128 and payload_length and properties is None \
+                and not self.header.has_properties:
+            # the relay's every forwarded Object: what the general path below builds,
+            # without its five calls
+            self._prev = object_id
+            return _SMALL[delta] + encode_vi64(payload_length)
         return encode_subgroup_object_header(
             self._delta(object_id), payload_length, properties=self._props(properties)
         )

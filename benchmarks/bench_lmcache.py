@@ -118,6 +118,11 @@ async def _run(url: str, extra: dict[str, Any], chunks: list[bytes], server_pid:
         first.byte_array, np.uint8, count=len(chunks[0]))) == chunks[0]
     stats = dict(getattr(c, "stats", {}))
     await c.close()
+    # the chunks and what the gets returned go back to LMCache's allocator (else it warns
+    # of each one at exit)
+    for o in [*objs, *got, *one_by_one, first]:
+        if o is not None:
+            o.ref_count_down()
     return {"put_mib_s": size / put_s, "get_mib_s": size / get_s,
             "serial_get_mib_s": size / serial_s, "first_chunk_ms": first_ms,
             "lookup_ms": lookup_ms, "put_cpu_s": put_cpu, "get_cpu_s": get_cpu,

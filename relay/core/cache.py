@@ -17,9 +17,26 @@ from storage.tiered import TieredReader
 
 
 def stored_object(ev: ReceivedObject) -> StoredObject:
-    """The cache's record of a received Object (payload and properties as received)."""
+    """The cache's record of a received Object (payload and properties as received, unless
+    a payload is a view of a buffer at least twice its size: see ``owned``)."""
     return StoredObject(ev.group, ev.subgroup, ev.object_id, ev.priority, int(ev.status),
-                        ev.properties or b"", ev.payload, ev.stream.source is Source.DATAGRAM)
+                        ev.properties or b"", owned(ev.payload),
+                        ev.stream.source is Source.DATAGRAM)
+
+
+def owned(payload: bytes | memoryview) -> bytes | memoryview:
+    """``payload``, or a copy of it where it is a view of a buffer at least twice its size.
+
+    A payload that arrived inside one receive chunk is a view of that chunk and keeps all of
+    it alive, while the cache counts only the payload's bytes (``StoredObject.nbytes``): a
+    small Object at the end of a 16 KiB chunk would hold the chunk. Copied, what the cache
+    holds is what it counts; a payload that is most of its buffer stays a view (the copy
+    would cost more than it frees)."""
+    if type(payload) is memoryview:
+        base = payload.obj
+        if isinstance(base, bytes | bytearray) and 2 * payload.nbytes <= len(base):
+            return bytes(payload)
+    return payload
 
 
 def status_object(group: int, subgroup: int, object_id: int, priority: int,

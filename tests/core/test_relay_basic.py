@@ -438,3 +438,23 @@ async def test_forward_end_location_and_an_upstream_reset_on_the_live_path(
                                 Location(1, 3): ObjectStatus.END_OF_GROUP}
     finally:
         await r.close()
+
+
+async def test_the_cache_holds_no_receive_chunk_for_a_small_payload(tmp_path: Path) -> None:
+    """Small Objects arrive several to a receive chunk; each cached payload must not keep a
+    buffer at least twice its size alive, or the memory tier holds more than it counts."""
+    r = await relay_at(tmp_path)
+    name = FullTrackName(make_ns(), b"k.raw.s0")
+    try:
+        pub = await client(r)
+        track = await push_track(pub, name, layers=1)
+        await track.group(0, group_payloads(0, 64, size=200))
+        await wait_cached(r, name, Location(0, 63))
+        key = r.relay.tracks[name].key
+        held = [o.payload for o in r.store.memory.read(key, Location(0, 0), Location(0, 63))]
+        assert [bytes(p) for p in held] == [track.sent[Location(0, i)] for i in range(64)]
+        pinned = [p for p in held if isinstance(p, memoryview)
+                  and isinstance(p.obj, bytes | bytearray) and len(p.obj) >= 2 * p.nbytes]
+        assert not pinned, f"{len(pinned)} of 64 payloads pin a buffer >= twice their size"
+    finally:
+        await r.close()

@@ -143,7 +143,7 @@ async def _subscriber(r: _RelayProcess, name: FullTrackName, total: int
     return proc
 
 
-async def fan_out(tmp: Path, size: int, layers: int, blocks: int, subscribers: int,
+async def fan_out(tmp: Path, size: int | str, layers: int, blocks: int, subscribers: int,
                   backend: str, workers: int = 1
                   ) -> tuple[float, float, float | str, str]:
     """(MB/s per subscriber, median per-Object latency ms, the relay process's CPU seconds
@@ -210,7 +210,7 @@ async def _until_every_worker_knows(r: _RelayProcess, name: FullTrackName) -> No
             await s.aclose()
 
 
-async def fetch_tiers(tmp: Path, size: int, layers: int, blocks: int, backend: str
+async def fetch_tiers(tmp: Path, size: int | str, layers: int, blocks: int, backend: str
                       ) -> tuple[float, float]:
     """(MB/s FETCH from memory, MB/s FETCH from LMDB) of a completed Track: the first FETCH
     right after publication (memory), the second after a relay restart (LMDB only)."""
@@ -234,7 +234,8 @@ async def fetch_tiers(tmp: Path, size: int, layers: int, blocks: int, backend: s
     async with _RelayProcess(tmp, size, backend) as r:
         rates.append(await _fetch_all(r, name, size, layers * blocks))
     return rates[0], rates[1]
-async def _fetch_all(r: _RelayProcess, name: FullTrackName, size: int, total: int) -> float:
+async def _fetch_all(r: _RelayProcess, name: FullTrackName, size: int | str,
+                     total: int) -> float:
     c = await _client(r, size)
     t0 = time.perf_counter()
     for _ in range(100):  # the publication may still be arriving: retry until all is there

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from relay_helpers import (
     TIMEOUT,
+    PushedTrack,
     client,
     drain,
     fetch_objects,
@@ -26,7 +27,8 @@ from relay_helpers import (
 from relay.core import ingest_pacing
 from relay.core.relay import RelayOptions
 from relay.moqt.primitives import FullTrackName
-from relay.session import SessionConfig
+from relay.service import RunningRelay
+from relay.session import SessionConfig, Subscription
 from relay.transport import QuicSettings
 
 KiB = 1024
@@ -40,6 +42,22 @@ SMALL_READER = {"config": SessionConfig(receive_queue=4, done_linger=1.0),
 GROUPS, PER_GROUP = 16, 8  # 128 Objects of 32 KiB
 
 
+async def _track_and_small_subscriber(r: RunningRelay, name: FullTrackName
+                                      ) -> tuple[PushedTrack, Subscription]:
+    """A Track pushed to ``r`` and a live subscription to it with a small receive side."""
+    track = await push_track(await client(r), name, layers=GROUPS)
+    s = await client(r, **SMALL_READER)  # type: ignore[arg-type]
+    sub = await asyncio.wait_for(s.subscribe(name.namespace, name.name, live_params()),
+                                 TIMEOUT)
+    return track, sub
+
+
+async def _publish_all(track: PushedTrack) -> None:
+    for g in range(GROUPS):
+        await track.group(g, group_payloads(g, PER_GROUP, size=OBJECT))
+    await track.end()
+
+
 async def test_a_publisher_faster_than_the_subscriber_is_held_back_and_nothing_is_lost(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The subscriber reads nothing until the relay's ingest has waited for it (or has taken
@@ -50,18 +68,8 @@ async def test_a_publisher_faster_than_the_subscriber_is_held_back_and_nothing_i
     r = await relay_at(tmp_path, options=LIMITS)
     name = FullTrackName(make_ns(), b"k.raw.s0")
     try:
-        pub = await client(r)
-        track = await push_track(pub, name, layers=GROUPS)
-        s = await client(r, **SMALL_READER)  # type: ignore[arg-type]
-        sub = await asyncio.wait_for(s.subscribe(name.namespace, name.name, live_params()),
-                                     TIMEOUT)
-
-        async def publish() -> None:
-            for g in range(GROUPS):
-                await track.group(g, group_payloads(g, PER_GROUP, size=OBJECT))
-            await track.end()
-
-        publishing = asyncio.ensure_future(publish())
+        track, sub = await _track_and_small_subscriber(r, name)
+        publishing = asyncio.ensure_future(_publish_all(track))
         counters = r.relay.counters
         try:
             async with asyncio.timeout(TIMEOUT):
@@ -96,15 +104,8 @@ async def test_a_stalled_subscriber_does_not_hold_the_publisher(
     r = await relay_at(tmp_path, options=LIMITS)
     name = FullTrackName(make_ns(), b"k.raw.s0")
     try:
-        pub = await client(r)
-        track = await push_track(pub, name, layers=GROUPS)
-        s = await client(r, **SMALL_READER)  # type: ignore[arg-type]
-        stalled = await asyncio.wait_for(
-            s.subscribe(name.namespace, name.name, live_params()), TIMEOUT)
-        async with asyncio.timeout(TIMEOUT):
-            for g in range(GROUPS):
-                await track.group(g, group_payloads(g, PER_GROUP, size=OBJECT))
-            await track.end()
+        track, stalled = await _track_and_small_subscriber(r, name)
+        await asyncio.wait_for(_publish_all(track), TIMEOUT)
         _resp, cached = await fetch_objects(await client(r), name)
         assert cached == track.sent
         assert r.relay.counters.ingest_waits >= 1  # it was waited for, first

@@ -140,7 +140,12 @@ async def wait_target_up(port: int) -> None:
 
 
 async def query(port: int, promql: str) -> list[tuple[dict[str, str], str]]:
-    data = await api(port, "/api/v1/query?query=" + quote(promql))
+    """The instant query's samples, once it has any: a target reads "up" before the samples
+    of that scrape are queryable (an empty answer was seen right after it), and the API has
+    no event for it."""
+    async with asyncio.timeout(UP_TIMEOUT):
+        while not (data := await api(port, "/api/v1/query?query=" + quote(promql)))["result"]:
+            await asyncio.sleep(0.02)  # poll step
     return [(r["metric"], r["value"][1]) for r in data["result"]]
 
 

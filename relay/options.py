@@ -210,6 +210,12 @@ class RelayConfig:
         None, kind="opt_path",
         help='Once listening, write {"port", "metrics_port", "pid"} as JSON to this file (for '
              "supervisors and tests).")
+    malloc_defaults: bool = setting(
+        False, kind="bool", see='[relay.md, "The heap"](relay.md#the-heap)',
+        help="Leave glibc's malloc at its defaults. Unset, the relay makes malloc keep freed "
+             "buffers for reuse (mmap threshold 32 MiB, trim threshold 64 MiB) instead of "
+             "faulting fresh pages in for each large buffer, unless glibc's "
+             "MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ is set.")
     # Bearer token of /admin/ on the metrics listener; None: the admin API is off (404).
     admin_token: str | None = None
     # Per-scope byte quotas of both tiers (a storage.quota.ScopeQuotas); None: none.

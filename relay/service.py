@@ -25,6 +25,7 @@ from relay.core.relay import Relay, relay_session_config
 from relay.core.routing import RELAY_IMPLEMENTATION
 from relay.core.siblings import SIBLING_IMPLEMENTATION, SiblingLinks
 from relay.core.upstream import UpstreamLink, spread
+from relay.heap import tune_malloc
 from relay.metrics import MetricsServer, RelayMetrics
 from relay.options import RelayConfig
 from relay.session import SessionConfig
@@ -275,6 +276,7 @@ def _write_ready_file(path: Path, running: RunningRelay) -> None:
 async def run_forever(config: RelayConfig) -> None:
     """Serve until SIGTERM/SIGINT, then drain (GOAWAY, in-flight work, LMDB commits) within
     ``config.drain_timeout`` and close. A second signal closes at once."""
+    heap = "default" if config.malloc_defaults else tune_malloc()  # relay/heap.py
     running = await start_relay(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -287,12 +289,12 @@ async def run_forever(config: RelayConfig) -> None:
         backend = running.server.backend.name
         # the controller only where there is a choice: qh3's native core has its own
         log.info("relay ready on %s (WebTransport %s) quic=%s%s data-dir=%s certificate=%s "
-                 "sha256=%s metrics=%s", running.url, running.wt_url, backend,
+                 "sha256=%s metrics=%s malloc=%s", running.url, running.wt_url, backend,
                  f" cc={config.congestion_control}" if backend == "aioquic" else "",
                  config.data_dir,
                  running.certfile, running.fingerprint,
                  f"{config.metrics_listen[0]}:{running.metrics_port}"
-                 if config.metrics_listen else "off")
+                 if config.metrics_listen else "off", heap)
         await stop.wait()
         stop.clear()
         log.info("shutting down: GOAWAY to %d sessions, drain timeout %.1f s",

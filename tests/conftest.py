@@ -35,7 +35,9 @@ _MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL,
             # (what an admin purge does to sessions is the core's, the same on both)
             "test_ops_admin.py": {"aioquic": SAME["aioquic"]},
             "test_ops_config.py": {"aioquic": SAME["aioquic"]},
-            "test_ops_metrics.py": {"aioquic": SAME["aioquic"]}}
+            "test_ops_metrics.py": {"aioquic": SAME["aioquic"]},
+            # malloc's settings in a child process: no QUIC at all
+            "test_heap.py": {"aioquic": SAME["aioquic"]}}
 
 # Folders whose tests all run in one xdist worker, one after another (`--dist loadgroup`,
 # set in pyproject.toml; pytest_xdist_make_scheduler below): the model tests share the

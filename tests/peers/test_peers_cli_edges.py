@@ -79,11 +79,13 @@ async def test_a_certificate_mismatch_is_only_the_projects_line(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("backend", ["aioquic", "qh3"])
-async def test_the_ready_line_names_certificate_path_and_fingerprint(tmp_path: Path,
-                                                                     backend: str) -> None:
+async def test_the_ready_line_names_certificate_path_fingerprint_and_heap(tmp_path: Path,
+                                                                          backend: str) -> None:
+    # the heap's setting, both ways: glibc's defaults asked for on one backend
+    defaults = ("--malloc-defaults",) if backend == "aioquic" else ()
     proc = await asyncio.create_subprocess_exec(
         *KVCS, "relay", "--listen", "127.0.0.1:0", "--data-dir",
-        str(tmp_path), "--metrics-listen", "off", "--quic-backend", backend,
+        str(tmp_path), "--metrics-listen", "off", "--quic-backend", backend, *defaults,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
     try:
@@ -98,6 +100,8 @@ async def test_the_ready_line_names_certificate_path_and_fingerprint(tmp_path: P
     # the QUIC library the relay actually runs on, and its controller where there is a choice
     assert {"aioquic": " quic=aioquic cc=bbr ", "qh3": " quic=qh3 "}[backend] in text
     assert (" cc=" in text) == (backend == "aioquic")
+    # relay/heap.py; an operator's MALLOC_* variables would say "operator"
+    assert text.rstrip().endswith(" malloc=default" if defaults else " malloc=tuned")
 
 
 async def test_inspect_tells_what_a_file_holds(tmp_path: Path) -> None:

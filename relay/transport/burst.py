@@ -78,15 +78,15 @@ def make_socket(host: str, port: int, *, large_buffers: bool,
 
 def server_buffer_bytes(credit_on_read: bool, max_stream_data: int) -> int:
     """The buffer a server's socket asks for. Where receive credit waits for the reader,
-    UDP_BUFFER_BYTES. Where it does not (qh3: ``QuicBackend.credit_on_read``), a quarter of
-    a stream's receive window, at most that: Linux doubles it, so the socket holds at most
-    half a window, and one burst read from it cannot by itself take a stream past the
-    window at which the server stops it (EXCESSIVE_LOAD). With 4 MiB (8 held, past the 4 MiB
-    window) a qh3 relay stopped a fast publisher's streams; with the kernel's 208 KiB its
-    drops cut a publisher's rate (docs/transport.md, "The UDP layer")."""
+    UDP_BUFFER_BYTES. Where it does not (qh3: ``QuicBackend.credit_on_read``), an eighth of
+    a stream's receive window, at most that: Linux doubles it, so the socket holds at most a
+    quarter of a window, and a stream passes the window at which the server stops it
+    (EXCESSIVE_LOAD) only if its reader misses four such bursts. With 4 MiB (8 held, twice
+    the 4 MiB window) a qh3 relay stopped a fast publisher's streams; with the kernel's
+    208 KiB its drops cut a publisher's rate (docs/transport.md, "The UDP layer")."""
     if credit_on_read:
         return UDP_BUFFER_BYTES
-    return min(UDP_BUFFER_BYTES, max_stream_data // 4)
+    return min(UDP_BUFFER_BYTES, max_stream_data // 8)
 
 
 def size_buffers(sock: socket.socket, nbytes: int = UDP_BUFFER_BYTES) -> None:

@@ -71,8 +71,8 @@ async def test_quic_sockets_ask_for_large_buffers_sized_to_who_holds_credit(
     """A client connection's socket, and a relay's listener and worker sockets on aioquic,
     have more than the kernel's default buffers: a burst of a long round trip's window would
     overflow the default and read to QUIC as congestion (relay/transport/burst.py). A qh3
-    relay's have more than the default too, but at most half a stream's window once the
-    kernel doubled it: qh3 grants receive credit before the relay reads, and with 4 MiB a
+    relay's have more than the default too, but at most a quarter of a stream's window once
+    the kernel doubled it: qh3 grants receive credit before the relay reads, and with 4 MiB a
     fast publisher outran the relay until it stopped the publisher's streams
     (``QuicBackend.credit_on_read``, ``server_buffer_bytes``)."""
     plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -93,7 +93,7 @@ async def test_quic_sockets_ask_for_large_buffers_sized_to_who_holds_credit(
                                       settings=QuicSettings(backend=backend.name), sock=sock,
                                       application=MOQT))
         window = QuicSettings().max_stream_data
-        server_size = UDP_BUFFER_BYTES if backend.credit_on_read else window // 4
+        server_size = UDP_BUFFER_BYTES if backend.credit_on_read else window // 8
         server_socks = [harness.server._sock, *workers]
         sized = [(client._port._sender._sock, UDP_BUFFER_BYTES)]  # type: ignore[union-attr]
         sized += [(s, server_size) for s in server_socks]
@@ -104,8 +104,8 @@ async def test_quic_sockets_ask_for_large_buffers_sized_to_who_holds_credit(
             assert all(g > d for g, d in zip(got, default, strict=True)), (got, default)
             if os.geteuid() == 0:
                 assert got == [2 * size] * 2
-            # what one burst can take from a qh3 server's socket stays within a window
-            assert backend.credit_on_read or sock not in server_socks or got[0] <= window // 2
+            # what one burst can take from a qh3 server's socket: a quarter of a window
+            assert backend.credit_on_read or sock not in server_socks or got[0] <= window // 4
     finally:
         for srv in served:
             await w(srv.close(grace=0))

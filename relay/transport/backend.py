@@ -181,10 +181,9 @@ class QuicBackend:
     """Receive credit is granted only as the application reads (aioquic here): a peer can
     never run further ahead of a slow reader than its windows, so a server socket may hold
     a long round trip's burst (burst.UDP_BUFFER_BYTES). Without it (qh3), a server's only
-    brake on a sender that outruns the relay is the kernel dropping what its buffer cannot
-    hold, so that buffer stays below a stream's window (burst.server_buffer_bytes): with
-    4 MiB, a qh3 relay's unread bytes outgrew the windows and it stopped a fast publisher's
-    streams (EXCESSIVE_LOAD)."""
+    brake on a sender that outruns the relay is the kernel dropping what its default-sized
+    buffer cannot hold; with 4 MiB, a qh3 relay's unread bytes outgrew the windows and it
+    stopped a fast publisher's streams (EXCESSIVE_LOAD)."""
 
 
 def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any,

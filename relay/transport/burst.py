@@ -55,8 +55,8 @@ BURST = _Burst()
 def make_socket(host: str, port: int, *, large_buffers: bool,
                 reuse_port: bool = False) -> socket.socket:
     """A non-blocking UDP socket bound to ``host:port`` (IPv4 or IPv6 by the address), with
-    UDP_BUFFER_BYTES of buffer each way if ``large_buffers`` (else the kernel's default: a
-    server sizes its socket for its backend, ``server_buffer_bytes``);
+    UDP_BUFFER_BYTES of buffer each way if ``large_buffers`` (else the kernel's default:
+    see ``QuicBackend.credit_on_read`` for which server sockets may not have more);
     ``reuse_port`` shares the port with other sockets that set it (SO_REUSEPORT)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
     family, _, _, _, addr = infos[0]
@@ -74,19 +74,6 @@ def make_socket(host: str, port: int, *, large_buffers: bool,
         sock.close()
         raise
     return sock
-
-
-def server_buffer_bytes(credit_on_read: bool, max_stream_data: int) -> int:
-    """The buffer a server's socket asks for. Where receive credit waits for the reader,
-    UDP_BUFFER_BYTES. Where it does not (qh3: ``QuicBackend.credit_on_read``), an eighth of
-    a stream's receive window, at most that: Linux doubles it, so the socket holds at most a
-    quarter of a window, and a stream passes the window at which the server stops it
-    (EXCESSIVE_LOAD) only if its reader misses four such bursts. With 4 MiB (8 held, twice
-    the 4 MiB window) a qh3 relay stopped a fast publisher's streams; with the kernel's
-    208 KiB its drops cut a publisher's rate (docs/transport.md, "The UDP layer")."""
-    if credit_on_read:
-        return UDP_BUFFER_BYTES
-    return min(UDP_BUFFER_BYTES, max_stream_data // 8)
 
 
 def size_buffers(sock: socket.socket, nbytes: int = UDP_BUFFER_BYTES) -> None:

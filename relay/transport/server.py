@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .backend import QuicBackend, default_backend, get_backend
-from .burst import install, make_socket, server_buffer_bytes, size_buffers
+from .burst import install, make_socket, size_buffers
 from .config import H3_ALPN, Application, QuicSettings, datagram_size_towards
 from .connection import Connection
 from .endpoint import Endpoint
@@ -167,7 +167,8 @@ async def serve(host: str, port: int, certfile: str | os.PathLike[str],
     sock.setblocking(False)
     # ours or a worker's (its supervisor's, made with the kernel's default): sized here, for
     # the backend that serves it
-    size_buffers(sock, server_buffer_bytes(backend.credit_on_read, settings.max_stream_data))
+    if backend.credit_on_read:
+        size_buffers(sock)
     transport, udp = await loop.create_datagram_endpoint(
         lambda: backend.server(config, server._create_protocol), sock=sock)
     if settings.max_datagram_size == AUTO:

@@ -6,10 +6,10 @@ transaction, Objects included, and frees them after the write). glibc's defaults
 of these from a fresh ``mmap`` (up to a threshold that only grows as such blocks are freed)
 or hand a heap's freed top back to the kernel (above 128 KiB, twice the threshold later), so
 the next buffer faults in zeroed pages again. On the VMs we measured on a first-touched page
-is dear (their host takes free memory back): an LMCache put's LMDB commit cost its writer
-thread 0.41-0.95 s of system time per 540 MiB with the defaults and 0.18-0.20 s with the
-settings below, and puts went from 208-241 to 264-280 MiB/s (docs/performance.md, "The
-relay's heap").
+is dear (their host takes free memory back): over 540 MiB of LMCache puts the relay's LMDB
+writer thread faulted 138,600 pages in 0.94-1.36 s of system time with the defaults, 3,200
+in 0.59-0.69 s with the settings below, and the puts went from 182-210 to 231-251 MiB/s
+(docs/performance.md, "The relay's heap").
 
 The settings: blocks below ``MMAP_THRESHOLD`` come from malloc's heaps, and a heap keeps up
 to ``TRIM_THRESHOLD`` of freed memory at its top for the next allocation. The cost is that

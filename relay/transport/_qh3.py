@@ -127,16 +127,14 @@ class Qh3View:
     def has_room(self, stream_id: int) -> bool:
         q = self._q
         core = q._core
-        if core is None or q._close_event is not None or not q._pre_handshake_state_replayed:
-            # before the core runs, or closed: the wrapper's own answer (its staged writes;
-            # 0 once closed)
-            return (q.get_send_buffer_size(stream_id) < self._high
-                    and q.get_send_buffer_size() < self._conn_high)
-        # the core's counts, as get_send_buffer_size would return them, without its
-        # wrapper's checks and error translation twice per write (nothing to translate:
-        # a query)
-        return (core.get_send_buffer_size(stream_id) < self._high
-                and core.get_send_buffer_size() < self._conn_high)
+        # once the core runs and until closed, the core's counts, as get_send_buffer_size
+        # would return them, without its wrapper's checks and error translation twice per
+        # write (nothing to translate: a query); before, or closed, the wrapper's own
+        # answer (its staged writes; 0 once closed)
+        counts: Any = q if core is None or q._close_event is not None \
+            or not q._pre_handshake_state_replayed else core
+        return (counts.get_send_buffer_size(stream_id) < self._high
+                and counts.get_send_buffer_size() < self._conn_high)
 
     def note_queued(self, n: int) -> None:
         pass  # the core counts its own queue
@@ -228,6 +226,12 @@ def _poll_datagrams(quic: QuicConnection, now: float
         built.append((transmit[0], transmit[1]))
 
 
+def _core_error(exc: RuntimeError) -> QuicConnectionError:
+    """A core call's error as the wrapper translates it (its ``_call_core``), for the calls
+    below that go to the core straight."""
+    return QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(exc))
+
+
 def _send_stream(quic: QuicConnection, stream_id: int, data: Any, fin: bool) -> None:
     """qh3's ``send_stream_data`` once the handshake is done, straight to the core: its
     wrapper records a new local stream (ours are recorded when opened, endpoint.py),
@@ -243,7 +247,7 @@ def _send_stream(quic: QuicConnection, stream_id: int, data: Any, fin: bool) -> 
     try:
         core.send_stream(stream_id, data, fin)
     except RuntimeError as exc:
-        raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(exc)) from exc
+        raise _core_error(exc) from exc
 
 
 def _receive_many(quic: QuicConnection, datagrams: list[bytes], addr: Any, now: float
@@ -259,7 +263,7 @@ def _receive_many(quic: QuicConnection, datagrams: list[bytes], addr: Any, now: 
     try:
         core.receive_many_datagrams(datagrams, addr, now)
     except RuntimeError as exc:
-        raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(exc)) from exc
+        raise _core_error(exc) from exc
 
 
 def _receive_gro(quic: QuicConnection, buffer: bytes, segment: int, addr: Any, now: float
@@ -275,7 +279,7 @@ def _receive_gro(quic: QuicConnection, buffer: bytes, segment: int, addr: Any, n
     try:
         core.receive_gro_buffer(buffer, segment, addr, now)
     except RuntimeError as exc:
-        raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(exc)) from exc
+        raise _core_error(exc) from exc
 
 
 def _take_events(quic: QuicConnection) -> None:

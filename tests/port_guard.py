@@ -3,7 +3,8 @@ test process).
 
 A relay an operator or another session runs on this machine holds its default ports (QUIC
 4433, metrics and admin 9464: relay/options.py), so a test that binds one fails with
-"address already in use" there, and only there. Tests bind port 0 (the kernel's choice).
+"address already in use" there, and only there. Tests bind port 0 (the kernel's choice),
+or one `processes.free_udp_port` picked below the ephemeral range, never a default one.
 Checked twice: every ``socket.socket.bind`` of the test process (in-process relays, asyncio
 servers, bare sockets), and every ``kvcs relay`` command line a test starts (resolved as
 the relay resolves it: flags, then environment, then its configuration file).

@@ -4,16 +4,43 @@ got, and a process waited for until its output says it is ready."""
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A UDP port on 127.0.0.1 nothing holds now, below the kernel's ephemeral range.
+
+    Not port 0's answer: the kernel hands the ports of its ephemeral range to every socket
+    bound to port 0 (a relay's dial to an upstream, every client), so one it named free a
+    moment ago may be a client's before the test binds it (a CI run failed so, with two
+    relays dialing in between). Below that range a port is only ever taken on purpose,
+    and chosen at random by tests in parallel workers, two rarely meet."""
+    from port_guard import DEFAULT_PORTS
+
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(10_000, low)
+        if port in DEFAULT_PORTS:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free UDP port below the ephemeral range")
 
 
 @asynccontextmanager

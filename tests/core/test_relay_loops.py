@@ -6,12 +6,12 @@ answered DOES_NOT_EXIST at once instead of circling until its FILL_TIMEOUT."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import free_udp_port
 from relay_helpers import TIMEOUT, client, make_ns, relay_at
 
 from relay.core.loops import PROBE_FIELD, RelayLoop
@@ -22,12 +22,6 @@ from relay.service import RunningRelay
 from relay.session import RequestRejected, SessionConfig
 
 QUICK = 2.0  # seconds: what "at once" allows on a loaded 2-core machine (FILL_TIMEOUT is 5)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def url(port: int) -> str:
@@ -53,7 +47,7 @@ async def unknown_is_absent_at_once(r: RunningRelay) -> None:
 
 
 async def test_a_relay_that_is_its_own_upstream_does_not_start(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_udp_port()
     with pytest.raises(RelayLoop) as e:
         await relay_at(tmp_path, port=port, upstream=[url(port)])
     assert "relay loop" in str(e.value) and url(port) in str(e.value)
@@ -61,7 +55,7 @@ async def test_a_relay_that_is_its_own_upstream_does_not_start(tmp_path: Path) -
 
 async def test_of_two_relays_each_the_others_upstream_the_second_does_not_start(
         tmp_path: Path) -> None:
-    pb = free_port()
+    pb = free_udp_port()
     # A first, while B is not up: its dial (bounded by the idle timeout) finds nobody
     a = await relay_at(tmp_path / "a", upstream=[url(pb)], upstream_idle_timeout=0.5)
     try:
@@ -89,7 +83,7 @@ async def test_of_two_relays_each_the_others_upstream_the_second_does_not_start(
 
 
 async def test_the_relay_closing_a_cycle_of_three_does_not_start(tmp_path: Path) -> None:
-    py, pz = free_port(), free_port()
+    py, pz = free_udp_port(), free_udp_port()
     x = await relay_at(tmp_path / "x", upstream=[url(py)], upstream_idle_timeout=0.5)
     y = None
     try:
@@ -111,7 +105,7 @@ async def test_a_loop_made_after_start_is_refused_not_circled(tmp_path: Path) ->
     at B are answered from what they have (DOES_NOT_EXIST), not circled; a relay starting
     under A is not refused. C back: healed."""
     c = await relay_at(tmp_path / "c")
-    pb, pc = free_port(), c.port
+    pb, pc = free_udp_port(), c.port
     # a short idle timeout bounds A's dial of a C that is gone
     a = await relay_at(tmp_path / "a", upstream=[c.url, url(pb)], upstream_idle_timeout=0.5)
     b = await relay_at(tmp_path / "b", port=pb, upstream=[a.url])

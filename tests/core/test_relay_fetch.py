@@ -149,12 +149,14 @@ async def test_concurrent_misses_share_one_upstream_fetch(tmp_path: Path) -> Non
 
 
 class _SilentFetchPublisher(SessionHandler):
-    """An upstream that never answers FETCH, and notes one cancelled."""
+    """An upstream that never answers FETCH, and notes one asked and one cancelled."""
 
     def __init__(self) -> None:
+        self.asked = asyncio.Event()
         self.cancelled = asyncio.Event()
 
     async def fetch(self, req: IncomingFetch) -> None:
+        self.asked.set()
         try:
             while await req.rs.recv() is not None:
                 continue  # nothing else comes on a FETCH's request stream
@@ -177,12 +179,19 @@ async def test_a_shared_upstream_fetch_cut_short_is_no_absence(tmp_path: Path) -
         short, long = await client(b), await client(b)
         first = asyncio.ensure_future(
             short.fetch(name.namespace, name.name, Params(fill_timeout=300)))
+        # the short one's FETCH is the shared one: the second, on another connection, must
+        # not overtake it (it would carry its own 10 s upstream, the short one joining it)
+        await asyncio.wait_for(up.asked.wait(), TIMEOUT)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         second = asyncio.ensure_future(
             long.fetch(name.namespace, name.name, Params(fill_timeout=10_000)))
         for ask in (first, second):
             with pytest.raises(RequestRejected) as refused:
                 await asyncio.wait_for(ask, TIMEOUT)
             assert refused.value.code == RequestErrorCode.TIMEOUT
+        # answered at the shared FETCH's end, not at its own FILL_TIMEOUT
+        assert loop.time() - started < 5.0
         await asyncio.wait_for(up.cancelled.wait(), TIMEOUT)
         assert b.relay.counters.upstream_fetches == 0  # one FETCH, never answered
     finally:

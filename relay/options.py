@@ -175,7 +175,8 @@ class RelayConfig:
         "auto", kind="datagram_size", unit="bytes",
         see='[transport.md, "Datagram size"](transport.md#datagram-size)',
         help="UDP payload size of the QUIC packets sent: auto (per connection, the MTU of the "
-             "route to the peer minus IP and UDP headers, up to 16384; 1200 where unknown) or "
+             "route to the peer minus IP and UDP headers, up to 16384 on aioquic and 65507 on "
+             "qh3; 1200 where unknown) or "
              "a number from 1200 to 16384 (1200: safe on any path, the switch back).")
     # "aioquic" or "qh3"; None: the process default (relay.transport.backend), which tests
     # switch to run the relay on either backend. Set from LaunchOptions.quic_backend.

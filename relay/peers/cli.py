@@ -217,7 +217,8 @@ def relay_options(fn: Callable[..., Any], *, receives: bool = False) -> Callable
     fn = click.option("--max-datagram-size", default=None, envvar="KVCS_MAX_DATAGRAM_SIZE",
                       metavar="auto|BYTES",
                       help="UDP payload size of the QUIC packets sent: auto (default: the MTU "
-                           "of the route to the relay minus IP and UDP headers, up to 16384) "
+                           "of the route to the relay minus IP and UDP headers, up to 16384 on "
+                           "aioquic, 65507 on qh3) "
                            "or 1200..16384 (1200: safe on any path). See docs/transport.md, "
                            '"Datagram size".')(fn)
     fn = click.option("--token", type=click.Path(dir_okay=False, path_type=Path),

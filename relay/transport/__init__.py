@@ -54,6 +54,7 @@ Operational behaviour (details in the module docstrings):
   credit (MAX_STREAMS) is held for streams not yet ``accept()``-ed. On qh3 the same bound
   holds by stopping an over-full stream instead (``_qh3.py``).
 * ``max_datagram_size`` is capped at 16384: aioquic encodes frame lengths in 2 bytes.
+  ``auto`` goes up to 65507 on qh3, whose frames have no such limit (loopback).
 * Raw QUIC and WebTransport share one UDP port (ALPN ``moqt-22`` vs ``h3``); 0-RTT is
   never accepted. Keepalive PINGs keep idle sessions open (aioquic sends none).
 * Never run this under uvloop (its 1 ms timer granularity stalls aioquic's timers).

@@ -37,7 +37,7 @@ from aioquic.quic.stream import QuicStream, QuicStreamSender
 from aioquic.tls import Epoch
 
 from .backend import UnreadBytes, aioquic_shaped
-from .config import QuicSettings
+from .config import MAX_DATAGRAM_SIZE_LIMIT, QuicSettings
 from .congestion import BbrCongestionControl
 
 # one frame type byte plus two varints (stream id, maximum)
@@ -366,4 +366,5 @@ BACKEND = aioquic_shaped(
     trust=lambda config, ca_file: config.load_verify_locations(cafile=ca_file),
     configuration_extra=lambda s: {"congestion_control_algorithm": s.congestion_control},
     credit_on_read=True,
+    auto_datagram_limit=MAX_DATAGRAM_SIZE_LIMIT,  # its frames' 2-byte Length
 )

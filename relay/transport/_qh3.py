@@ -61,7 +61,7 @@ from qh3.quic.packet import (
 from qh3.quic.retry import QuicRetryTokenHandler
 
 from .backend import UnreadBytes, aioquic_shaped
-from .config import QuicSettings
+from .config import UDP_PAYLOAD_MAX, QuicSettings
 from .tls import pinned_self_signed
 
 PRIVATE_MEMBERS_INSTANCE = ("_core", "_remote_addr", "_close_event",
@@ -372,6 +372,7 @@ BACKEND = aioquic_shaped(
     take_events=_take_events,
     poll_datagrams=_poll_datagrams, closed_error=QuicConnectionError, trust=_trust,
     credit_on_read=False,
+    auto_datagram_limit=UDP_PAYLOAD_MAX,
     # qh3's client probes the path upwards to at most 1472 bytes (1280, 1350, 1452, 1472):
     # off, so a connection sends what the setting (or the route, for auto) and the peer
     # allow and no more; docs/transport.md, "Datagram size"

@@ -177,6 +177,12 @@ class QuicBackend:
     already closing; the endpoint then stops asking."""
     trust: Callable[[Any, str], None]
     """(client configuration, CA file) -> verify the server against that file."""
+    auto_datagram_limit: int
+    """The largest datagram ``auto`` picks on this library: what its frames can carry.
+    aioquic writes a frame's Length in 2 bytes (16383 at most); qh3's core has no such
+    limit, so on loopback (MTU 65536) a qh3 connection sends datagrams of up to 65507 bytes
+    (the largest UDP payload over IPv4). A number in the settings stays within 16384 on
+    both, so a configuration moves between libraries."""
     credit_on_read: bool
     """Receive credit is granted only as the application reads (aioquic here): a peer can
     never run further ahead of a slow reader than its windows, so a server socket may hold
@@ -193,7 +199,7 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
                    poll_datagrams: Callable[[Any, float],
                                             tuple[list[tuple[bytes, Any]], Exception | None]],
                    closed_error: type[Exception], trust: Callable[[Any, str], None],
-                   credit_on_read: bool,
+                   credit_on_read: bool, auto_datagram_limit: int,
                    send_stream: Callable[[Any, int, Any, bool], None] | None = None,
                    receive_gro: Callable[[Any, bytes, int, Any, float], None] | None = None,
                    take_events: Callable[[Any], None] | None = None,
@@ -234,6 +240,7 @@ def aioquic_shaped(name: str, *, configuration_class: Any, connection_class: Any
         closed_error=closed_error,
         trust=trust,
         credit_on_read=credit_on_read,
+        auto_datagram_limit=auto_datagram_limit,
     )
 
 

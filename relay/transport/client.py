@@ -61,9 +61,8 @@ async def connect(url: str, *, application: Application,
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     family, addr = infos[0][0], infos[0][4]
     # auto: what the route to the server allows, known before the first packet
-    settings = dataclasses.replace(settings,
-                                   max_datagram_size=datagram_size_towards(settings, addr))
-    config = backend.configuration(settings, True, [alpn], settings.max_datagram_size)
+    config = backend.configuration(settings, True, [alpn], datagram_size_towards(
+        settings, addr, backend.auto_datagram_limit))
     config.server_name = server_name or host
     if insecure:
         log.warning("!!! TLS certificate verification DISABLED for %s — loopback "

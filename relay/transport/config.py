@@ -40,6 +40,10 @@ FRAME_ENCODING_ERROR ("Failed to parse frame", type 0x0a) — the handshake or t
 full-size packet dies, which looks like a hang at 30000/60000. Measured on loopback:
 16384 works, 16440 fails. Beyond loopback, stay at or below the path MTU anyway."""
 
+UDP_PAYLOAD_MAX = 65507
+"""The largest UDP payload over IPv4 (65535 - 20 - 8): ``auto``'s limit on a library
+whose frames carry any length (qh3), reached on loopback (MTU 65536)."""
+
 
 @dataclass(frozen=True, slots=True)
 class QuicSettings:
@@ -51,12 +55,13 @@ class QuicSettings:
 
     max_datagram_size: int | str = AUTO
     """UDP payload size of the QUIC packets we send, or ``"auto"``: per connection, the MTU
-    of the route to the peer minus the IP and UDP headers (16384 on loopback, 1472 over a
-    1500-byte IPv4 link), 1200 where the route tells nothing (``pathmtu.py``). A number
-    (1200 is always safe) fixes it. Either way it is also advertised as our
-    ``max_udp_payload_size``, and we never send more than the peer's
-    (docs/transport.md, "Datagram size"). Capped at :data:`MAX_DATAGRAM_SIZE_LIMIT`
-    (aioquic cannot encode bigger frames)."""
+    of the route to the peer minus the IP and UDP headers (on loopback 16384 on aioquic and
+    65507 on qh3: ``QuicBackend.auto_datagram_limit``; 1472 over a 1500-byte IPv4 link),
+    1200 where the route tells nothing (``pathmtu.py``). A number (1200 is always safe)
+    fixes it. Either way it is also advertised as our ``max_udp_payload_size``, and we
+    never send more than the peer's (docs/transport.md, "Datagram size"). A number is
+    capped at :data:`MAX_DATAGRAM_SIZE_LIMIT` (aioquic cannot encode bigger frames) on
+    both libraries, so a configuration moves between them."""
 
     max_datagram_frame_size: int = 65536
     """Advertised DATAGRAM frame size; negotiating RFC 9221 is mandatory for MOQT."""
@@ -150,13 +155,15 @@ def parse_datagram_size(v: object) -> int | str:
     return n
 
 
-def datagram_size_towards(settings: QuicSettings, addr: object) -> int:
+def datagram_size_towards(settings: QuicSettings, addr: object,
+                          auto_limit: int = MAX_DATAGRAM_SIZE_LIMIT) -> int:
     """The ``max_datagram_size`` of a connection to ``addr``: the setting's number, or for
     ``auto`` what the route to ``addr`` allows (:func:`~relay.transport.pathmtu.
-    path_datagram_size`)."""
+    path_datagram_size`), at most ``auto_limit`` (the library's:
+    ``QuicBackend.auto_datagram_limit``)."""
     size = settings.max_datagram_size
     if size == AUTO:
-        return path_datagram_size(addr, MAX_DATAGRAM_SIZE_LIMIT)
+        return path_datagram_size(addr, auto_limit)
     assert isinstance(size, int)
     return size
 

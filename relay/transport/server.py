@@ -192,7 +192,7 @@ def _size_per_peer(udp: Any, config: Any, settings: QuicSettings,
 
     def datagram_received(data: bytes, addr: Any) -> None:
         if data and data[0] & 0x80:
-            size = datagram_size_towards(settings, addr)
+            size = datagram_size_towards(settings, addr, backend.auto_datagram_limit)
             sized = configs.get(size)
             if sized is None:
                 sized = configs[size] = copy.copy(config)

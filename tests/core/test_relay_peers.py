@@ -15,7 +15,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
 from cli_harness import free_udp_port
-from relay_helpers import TIMEOUT, client, complete_track, fetch_objects, make_ns, relay_at
+from relay_helpers import (
+    TIMEOUT,
+    client,
+    complete_track,
+    fetch_objects,
+    make_ns,
+    relay_at,
+    wait_namespace,
+)
 
 from relay import service
 from relay.core.upstream import spread
@@ -57,6 +65,9 @@ async def test_a_tier_of_peers_routes_to_what_any_replica_learned(tmp_path: Path
             assert [x.value for x in links.samples] == [2]
         t = await complete_track(await client(a), name, layers=3, per_group=2)
         c = await client(b)
+        # A's namespace reaches R2 from R1 (its sibling) a moment after A published: until
+        # then R2 truly knows no publisher of it (DOES_NOT_EXIST, once in a loaded suite)
+        await wait_namespace(c, name.namespace)
         _resp, got = await fetch_objects(c, name)  # B -> R2 -> its peer R1 -> A
         assert got == t.sent
         assert r2.relay.counters.upstream_fetches >= 1 and name in r1.relay.tracks

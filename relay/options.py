@@ -103,6 +103,12 @@ class RelayOptions:
         False, kind="bool", see='[relay.md, "Trees"](relay.md#trees)',
         help="PUBLISH every Track this relay's publishers PUBLISH to the upstream relay as it "
              "arrives (off: pulled on demand).")
+    lmdb_commit_delay: int = setting(
+        5000, kind="int", unit="milliseconds",
+        see='[relay.md, "Persistence"](relay.md#persistence)',
+        help="Longest a complete Track waits for a quiet moment (50 ms with no Object in or "
+             "out) before it is written to LMDB; memory three quarters full or a shutdown "
+             "writes at once. 0: written as soon as it is complete.")
 
 
 @dataclass

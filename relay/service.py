@@ -136,6 +136,7 @@ class RunningRelay:
             log.warning("drain timeout: %d fills and %d fetches cut short",
                         c.fill.in_flight.count, c.fetch.in_flight.count)
             return False
+        self.relay.persistence.flush()  # what waits for a quiet moment is written now
         commits = pending_commits(list(self.relay.tracks.values()))
         if commits:
             _, pending = await asyncio.wait(commits, timeout=max(0.0, deadline - loop.time()))

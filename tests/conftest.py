@@ -37,7 +37,9 @@ _MODULES = {"test_relay_basic.py": ALL, "test_relay_tree_and_discovery.py": ALL,
             "test_ops_config.py": {"aioquic": SAME["aioquic"]},
             "test_ops_metrics.py": {"aioquic": SAME["aioquic"]},
             # malloc's settings in a child process: no QUIC at all
-            "test_heap.py": {"aioquic": SAME["aioquic"]}}
+            "test_heap.py": {"aioquic": SAME["aioquic"]},
+            # when LMDB is written, timed by the relay's traffic counters: not QUIC
+            "test_relay_write_behind.py": {"aioquic": SAME["aioquic"]}}
 
 # Folders whose tests all run in one xdist worker, one after another (`--dist loadgroup`,
 # set in pyproject.toml; pytest_xdist_make_scheduler below): the model tests share the

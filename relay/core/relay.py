@@ -80,7 +80,8 @@ class Relay:
         self.instance = secrets.token_hex(8)
         self.draining = False
         self._connections = 0  # connections admitted, SETUP pending or done
-        self.persistence = Persistence(store, namespaces, counters, clock)
+        self.persistence = Persistence(store, namespaces, counters, clock,
+                                       commit_delay=options.lmdb_commit_delay / 1000)
         # SUBSCRIBEs waiting for a publisher (RENDEZVOUS_TIMEOUT), woken by new sources
         self.rendezvous = Rendezvous()
         namespaces.on_add = self.rendezvous.appeared

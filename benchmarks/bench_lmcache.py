@@ -12,8 +12,9 @@ get MiB/s (a retrieve's chunks as RemoteBackend gets them: ``batched_get`` where
 connector has it, else every ``get`` at once), get MiB/s with the chunks one after another,
 the first chunk's latency (one ``get`` alone, session already up), one batched lookup of
 every key, the CPU seconds of a put and of a get in this process (the connector) and in the
-server (every thread: the relay's LMDB writer too), and whether every chunk came back bit for
-bit. For the relay, once per QUIC backend.
+server (every thread: the relay's LMDB writer too, though the relay writes LMDB behind a
+burst, at its first quiet moment: docs/relay.md, "Persistence"), and whether every chunk
+came back bit for bit. For the relay, once per QUIC backend.
 """
 
 from __future__ import annotations

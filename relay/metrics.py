@@ -275,6 +275,11 @@ class RelayCollector(Collector):
         g = GaugeMetricFamily(P + "lmdb_tracks", "Tracks held in LMDB.")
         g.add_metric([], lm["tracks"] if lm is not None else 0)
         yield g
+        g = GaugeMetricFamily(P + "lmdb_commits_waiting", "Complete Tracks waiting to be "
+                              "written to LMDB (write-behind: for a quiet moment, at most "
+                              "lmdb_commit_delay) or being written.")
+        g.add_metric([], self.relay.persistence.waiting)
+        yield g
         yield _counter("lmdb_committed_tracks", "Complete Tracks committed to LMDB.",
                        c.lmdb_committed_tracks)
         yield _counter("lmdb_committed_bytes", "Bytes committed to LMDB.",

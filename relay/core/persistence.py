@@ -75,6 +75,11 @@ class Persistence:
         """A purge took the namespace's Tracks: no longer announced for LMDB's sake."""
         self.cached.pop(namespace, None)
 
+    @property
+    def waiting(self) -> int:
+        """Complete Tracks waiting for their LMDB write, or being written, now."""
+        return self._deferred
+
     def _traffic(self) -> int:
         c = self.counters
         return c.bytes_received + c.bytes_sent + c.fill.bytes + c.fetch.bytes

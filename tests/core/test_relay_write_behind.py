@@ -35,6 +35,13 @@ def _committed(r: RunningRelay) -> int:
     return r.relay.counters.lmdb_committed_tracks
 
 
+def _waiting(r: RunningRelay) -> float:
+    """What /metrics says waits for its LMDB write."""
+    [g] = [m for m in r.metrics.registry.collect()
+           if m.name == "kvcs_relay_lmdb_commits_waiting"]
+    return sum(s.value for s in g.samples)
+
+
 def _key(name: FullTrackName) -> tuple[tuple[bytes, ...], bytes]:
     return tuple(name.namespace), bytes(name.name)
 
@@ -67,8 +74,9 @@ async def test_a_complete_track_waits_for_the_traffic_to_stop(
         while loop.time() < end:
             await one_more()
         assert _committed(r) == 0 and not r.relay.tracks[done].committed
+        assert _waiting(r) == 1
         assert await r.relay.wait_committed(done, TIMEOUT)
-        assert _committed(r) == 1
+        assert _committed(r) == 1 and _waiting(r) == 0
     finally:
         await r.close()
 

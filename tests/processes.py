@@ -9,11 +9,12 @@ import re
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 
 def _ephemeral_low() -> int:
     try:
-        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768
 

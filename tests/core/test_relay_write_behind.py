@@ -42,10 +42,6 @@ def _waiting(r: RunningRelay) -> float:
     return sum(s.value for s in g.samples)
 
 
-def _key(name: FullTrackName) -> tuple[tuple[bytes, ...], bytes]:
-    return tuple(name.namespace), bytes(name.name)
-
-
 async def test_a_complete_track_waits_for_the_traffic_to_stop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """While another Track's Objects keep arriving (never half a second apart), the complete
@@ -138,12 +134,13 @@ async def test_closing_writes_what_waits(tmp_path: Path,
     try:
         await complete_track(await client(r), name, layers=2, per_group=2)
         await wait_cached(r, name, Location(2, 0))
-        assert not r.relay.tracks[name].committed
+        track = r.relay.tracks[name]
+        assert not track.committed
     finally:
         await r.close()
     store = LmdbStore(tmp_path / "lmdb", 1 << 30)
     try:
-        info = store.info(_key(name))
+        info = store.info(track.key)
         assert info is not None and info.end_of_track == Location(2, 0)
     finally:
         store.close()

@@ -144,3 +144,29 @@ async def test_closing_writes_what_waits(tmp_path: Path,
         assert info is not None and info.end_of_track == Location(2, 0)
     finally:
         store.close()
+
+
+async def test_hundreds_of_tracks_wait_together_and_are_all_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployment's burst completes many Tracks at once: each waits (one look per QUIET),
+    and at the quiet moment after the burst every one of them is written, one commit after
+    another without a new wait between them."""
+    monkeypatch.setattr(persistence, "QUIET", 1.0)
+    r = await relay_at(tmp_path, options=RelayOptions(lmdb_commit_delay=HOUR))
+    ns = make_ns()
+    names = [FullTrackName(ns, f"k.raw.s{i}".encode()) for i in range(200)]
+    try:
+        pub = await client(r)
+        async with asyncio.timeout(TIMEOUT):
+            await asyncio.gather(*(complete_track(pub, n, layers=1, per_group=1, size=100)
+                                   for n in names))
+            for n in names:
+                await wait_cached(r, n, Location(1, 0))
+        # nothing written beside the burst: all of it waits
+        assert _committed(r) == 0 and _waiting(r) == len(names)
+        async with asyncio.timeout(TIMEOUT):
+            for n in names:
+                assert await r.relay.wait_committed(n, TIMEOUT)
+        assert _committed(r) == len(names) and _waiting(r) == 0
+    finally:
+        await r.close()
